@@ -1,0 +1,274 @@
+"""The experiment config: YAML in, pydantic models out, one clear line per error.
+
+The models compose domain types defined where they belong — the game rule beside
+the environment (``tasks.environment.GameRule``), engine specs beside the engines
+(``tasks.engines``), population specs in ``populations``. Every field has a
+description, which ``keynes config`` prints as the reference.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from populations.spec import PopulationSpec, load_spec
+from prompts.modes import MODES
+from tasks import engines
+from tasks.environment import GameRule, parse_fraction
+from tasks.play import Arm
+
+
+class ConfigError(ValueError):
+    """A config problem, as one line: ``field.path: what is wrong``."""
+
+
+def _engine_union() -> Any:
+    classes = tuple(engines.spec_class(kind) for kind in engines.available())
+    if len(classes) == 1:
+        return classes[0]
+    return Annotated[Union[classes], Field(discriminator="kind")]
+
+
+EngineConfig = _engine_union()
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PopulationConfig(Strict):
+    """Who plays: a spec (file or inline attributes) and how many agents."""
+
+    spec: str | None = Field(None, description="A population spec file (YAML); names are also looked up in populations/.")
+    attributes: dict[str, Any] | None = Field(None, description="Inline attributes, in the spec file format (instead of `spec`).")
+    sampling: str | None = Field(None, description="Override the spec's sampling mode: quota or iid.")
+    size: int = Field(100, gt=0, description="Number of agents.")
+
+    def load(self) -> PopulationSpec:
+        """The population spec this config names (inline attributes win over the file)."""
+        if self.attributes is not None:
+            data: dict[str, Any] = {"name": "inline", "attributes": self.attributes}
+            base = None
+        elif self.spec is not None:
+            base = load_spec(self.spec)
+            data = base.model_dump()
+        else:
+            return PopulationSpec(name="anonymous", attributes={})
+        if self.sampling:
+            data["sampling"] = self.sampling
+        return PopulationSpec.model_validate(data) if base is None or self.sampling else base
+
+
+class ArmsConfig(Strict):
+    """The arms of the experiment: every combination of engine × prompt mode × temperature."""
+
+    engines: list[EngineConfig] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: [engines.spec_class("simulated")()],
+        description="Engines, each a mapping with `kind:` (llamacpp, openai, simulated, vllm) and its settings.",
+    )
+    prompts: list[str] = Field(["basic"], min_length=1, description=f"Prompt modes: {', '.join(MODES)}.")
+    temperatures: list[float] = Field([0.7], min_length=1, description="Sampling temperatures.")
+    max_reasoning_tokens: int = Field(256, gt=0, description="Token budget of the free reasoning phase of modes that reason.")
+    max_answer_tokens: int = Field(8, gt=0, description="Token budget of the (constrained) answer.")
+
+    @field_validator("prompts")
+    @classmethod
+    def _known_modes(cls, prompts: list[str]) -> list[str]:
+        for mode in prompts:
+            if mode not in MODES and not mode.endswith(".j2"):
+                raise ValueError(f"unknown prompt mode {mode!r}; available: {', '.join(sorted(MODES))}")
+        return prompts
+
+    @field_validator("temperatures")
+    @classmethod
+    def _non_negative(cls, values: list[float]) -> list[float]:
+        for t in values:
+            if t < 0:
+                raise ValueError(f"temperature {t:g} is negative")
+        return values
+
+
+class WorkersConfig(Strict):
+    """Where agents play: a local Ray or a cluster, and how the population is sharded."""
+
+    ray_address: str | None = Field(None, description='A Ray cluster to join ("auto", "ray://host:10001"); none starts a local Ray.')
+    actors: int = Field(2, gt=0, description="Ray actors per engine; each owns one engine instance.")
+    shard_size: int = Field(1000, gt=0, description="Agents per shard: the unit of work sent to an actor and committed.")
+    dashboard: bool = Field(False, description="Start the Ray dashboard with a local Ray.")
+
+
+class ExperimentConfig(Strict):
+    """A keynes experiment."""
+
+    name: str = Field(description="The experiment's name; with the config hash it identifies the experiment.")
+    seed: int = Field(0, ge=0, description="The seed every random choice derives from.")
+    population: PopulationConfig = Field(default_factory=PopulationConfig, description="Who plays.")
+    game: GameRule = Field(default_factory=GameRule, description="The rule of the game.")
+    arms: ArmsConfig = Field(default_factory=ArmsConfig, description="What is compared.")
+    workers: WorkersConfig = Field(default_factory=WorkersConfig, description="Where agents play.")
+    db: str = Field("keynes.duckdb", description="The DuckDB warehouse file.")
+
+    @model_validator(mode="after")
+    def _population_exists(self) -> "ExperimentConfig":
+        self.population.load()
+        return self
+
+    @property
+    def config_hash(self) -> str:
+        """A hash of everything that decides results (not where they are stored or computed)."""
+        data = self.model_dump(mode="json", exclude={"db", "workers"})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def experiment_id(self) -> str:
+        return f"{self.name}-{self.config_hash[:8]}"
+
+    def arms_list(self) -> list[Arm]:
+        """Every arm: engines × prompt modes × temperatures, in a stable order."""
+        out: list[Arm] = []
+        for engine in self.arms.engines:
+            for prompt in self.arms.prompts:
+                for temperature in self.arms.temperatures:
+                    index = len(out)
+                    out.append(
+                        Arm(
+                            index=index,
+                            run_id=f"{self.experiment_id}-arm{index}",
+                            engine=engine,
+                            prompt_mode=prompt,
+                            temperature=temperature,
+                            rule=self.game,
+                            max_reasoning_tokens=self.arms.max_reasoning_tokens,
+                            max_answer_tokens=self.arms.max_answer_tokens,
+                        )
+                    )
+        return out
+
+
+# ------------------------------------------------------------------------------ loading
+def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+    """Read a YAML file (or a mapping), apply ``dotted.key=value`` overrides, validate.
+
+    Raises:
+        ConfigError: one line naming the field path and the bad value.
+    """
+    if isinstance(source, dict):
+        data = json.loads(json.dumps(source))
+        origin = "config"
+    else:
+        path = Path(source)
+        origin = str(path)
+        if not path.exists():
+            raise ConfigError(f"{origin}: no such config file")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ConfigError(f"{origin}: {where}invalid YAML ({problem})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{origin}: expected a mapping of settings, got {type(data).__name__}")
+    for item in overrides:
+        apply_override(data, item)
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_error(exc, data)) from None
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Set ``dotted.key=value`` in a nested mapping (list items by index); the value is YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected dotted.key=value")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.strip().split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{'.'.join(parts[: i + 1])}: no item {part!r} in a list of {len(node)}")
+            node = node[int(part)]
+            continue
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        node = nxt
+    last = parts[-1]
+    if isinstance(node, list):
+        if not last.isdigit() or int(last) >= len(node):
+            raise ConfigError(f"{key}: no item {last!r} in a list of {len(node)}")
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def format_error(exc: ValidationError, data: Any = None) -> str:
+    """The first validation error as ``field.path: message`` with the bad value."""
+    error = exc.errors(include_url=False)[0]
+    loc = [str(p) for p in error["loc"]]
+    # A discriminated union puts the engine kind in the path: drop it.
+    loc = [p for i, p in enumerate(loc) if not (i > 0 and loc[i - 1].isdigit() and p in engines.available())]
+    path = ".".join(loc) or "config"
+    value = error.get("input")
+    kind = error["type"]
+    message = error["msg"]
+    if kind == "extra_forbidden":
+        parent_model = _model_at(loc[:-1])
+        hint = ""
+        if parent_model is not None:
+            close = difflib.get_close_matches(loc[-1], list(parent_model.model_fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(parent_model.model_fields)})"
+        return f"{path}: unknown key{hint}"
+    if kind in ("union_tag_invalid", "literal_error") and loc and loc[-1] == "kind" or kind == "union_tag_invalid":
+        bad = value.get("kind") if isinstance(value, dict) else value
+        return f"{path if loc[-1] == 'kind' else path + '.kind'}: unknown engine {bad!r}; available: {', '.join(engines.available())}"
+    if kind == "missing":
+        return f"{path}: required"
+    if kind in ("value_error", "assertion_error"):
+        message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if isinstance(value, (str, int, float)) and repr(value) not in message and str(value) not in message:
+            return f"{path}: {value!r}: {message}"
+        return f"{path}: {message}"
+    return f"{path}: {value!r}: {message[0].lower() + message[1:]}" if not isinstance(value, dict) else f"{path}: {message}"
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    """The pydantic model that validates the mapping at ``loc`` (for key suggestions)."""
+    model: Any = ExperimentConfig
+    for part in loc:
+        if part.isdigit():
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return None
+        annotation = field.annotation
+        model = _first_model(annotation)
+        if model is None:
+            return None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _first_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def ratio_text(value: object) -> str:
+    """Normalise a ratio to its exact fraction text (for display)."""
+    return str(parse_fraction(value))

@@ -1,0 +1,75 @@
+"""Render prompts for many agents at once.
+
+Agents whose template variables are equal get the same prompt, so a template is
+rendered once per distinct context (a handful for a million agents in round 1)
+and the texts are joined back to agents by polars.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.meta
+import polars as pl
+
+from prompts.modes import TEMPLATE_DIR
+
+#: Variables that differ between agents; everything else is shared by the whole shard.
+AGENT_VARIABLES = ("persona", "own_guesses", "group")
+
+
+@lru_cache(maxsize=None)
+def _environment(directory: str) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader([directory, str(TEMPLATE_DIR)]),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=False,
+        autoescape=False,
+    )
+
+
+@lru_cache(maxsize=None)
+def _template(path: str) -> tuple[jinja2.Template, frozenset[str]]:
+    """The compiled template and the top-level variables it (and its includes) use."""
+    file = Path(path) if Path(path).is_absolute() else TEMPLATE_DIR / path
+    env = _environment(str(file.parent))
+    names: set[str] = set()
+    pending, seen = [file.name], set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        source = env.loader.get_source(env, name)[0]
+        ast = env.parse(source)
+        names |= jinja2.meta.find_undeclared_variables(ast)
+        pending += [n for n in jinja2.meta.find_referenced_templates(ast) if n]
+    return env.get_template(file.name), frozenset(names)
+
+
+def template_variables(path: str) -> frozenset[str]:
+    """The top-level variables a template uses (including its includes)."""
+    return _template(path)[1]
+
+
+def render(path: str, shared: dict[str, Any], agents: pl.DataFrame) -> list[str]:
+    """Render one prompt per agent row.
+
+    Args:
+        path: a template file name in ``prompts/`` or an absolute path.
+        shared: variables common to every agent (game, round, history…).
+        agents: one row per agent; columns named after ``AGENT_VARIABLES`` (``persona``
+            is a struct column) are passed to the template when it uses them.
+    """
+    template, used = _template(path)
+    columns = [c for c in AGENT_VARIABLES if c in used and c in agents.columns]
+    if not columns:
+        return [template.render(**shared)] * agents.height
+    keyed = agents.select(columns).with_columns(_key=pl.struct(columns).hash(seed=0))
+    distinct = keyed.unique(subset="_key", maintain_order=True)
+    texts = [template.render(**shared, **row) for row in distinct.select(columns).iter_rows(named=True)]
+    lookup = pl.DataFrame({"_key": distinct["_key"], "_text": texts})
+    return keyed.select("_key").join(lookup, on="_key", how="left", maintain_order="left")["_text"].to_list()

@@ -1,0 +1,162 @@
+"""Play one shard: render the agents' prompts, call the engine, parse the answers.
+
+``ShardPlayer`` is plain Python (testable without Ray); ``tasks.play`` wraps it in a
+Ray actor that owns one engine for its whole life, so a model loads once per actor.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from prompts.answers import parse_answers
+from prompts.modes import FINAL_CUE, PromptMode, get_mode
+from prompts.render import render
+from tasks.engines import Constraint, EngineSpec, RequestBatch, Sampling, build_engine
+from tasks.environment import GameRule
+from tasks.seeds import agent_seeds
+
+#: Persona columns that are not attributes shown to agents.
+NON_ATTRIBUTES = ("agent_id", "own_guesses", "group")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of an experiment: an engine, a prompt mode, a temperature and a rule."""
+
+    index: int
+    run_id: str
+    engine: EngineSpec
+    prompt_mode: str
+    temperature: float
+    rule: GameRule
+    max_reasoning_tokens: int = 256
+    max_answer_tokens: int = 8
+
+    @property
+    def mode(self) -> PromptMode:
+        if self.prompt_mode.endswith(".j2"):  # a user's own template file
+            return PromptMode(self.prompt_mode, self.prompt_mode, "cot" in os.path.basename(self.prompt_mode), "custom template")
+        return get_mode(self.prompt_mode)
+
+
+@dataclass
+class ShardJob:
+    """Everything a worker needs to play one shard of one round."""
+
+    arm: Arm
+    seed: int
+    round: int
+    shard: int
+    agents: pl.DataFrame  # agent_id, persona attributes…, optionally own_guesses
+    shared: dict[str, Any] = field(default_factory=dict)  # template variables common to all agents
+
+
+@dataclass
+class ShardResult:
+    """A shard's guesses and where and how fast they were made."""
+
+    guesses: pl.DataFrame
+    node: str
+    worker: str
+    seconds: float
+
+
+class ShardPlayer:
+    """Owns one engine and plays shards with it."""
+
+    def __init__(self, spec: EngineSpec):
+        self.spec = spec
+        self.engine = build_engine(spec)
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+
+    def play(self, job: ShardJob, node: str = "local") -> ShardResult:
+        start = time.perf_counter()
+        arm, rule = job.arm, job.arm.rule
+        agents = job.agents
+        ids = agents["agent_id"].to_numpy().astype(np.int64)
+        prompts = render(arm.mode.template, job.shared, _template_frame(agents))
+        # Seeds depend on (seed, round, agent) only: every arm sees the same draws (paired arms).
+        seeds = (agent_seeds(job.seed, ids, "sample", job.round) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        constraint = Constraint(rule.low, rule.high, rule.integer)
+        reasoning: list[str | None] = [None] * len(ids)
+        tokens_in = np.zeros(len(ids), np.int64)
+        tokens_out = np.zeros(len(ids), np.int64)
+        latency = np.zeros(len(ids), np.float64)
+        errors: list[str | None] = [None] * len(ids)
+        if arm.mode.reasoning:
+            free = self.engine.generate(
+                RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_reasoning_tokens), None)
+            )
+            reasoning = free.text
+            prompts = [p + r + FINAL_CUE for p, r in zip(prompts, free.text)]
+            tokens_in += free.prompt_tokens
+            tokens_out += free.completion_tokens
+            latency += free.latency_s
+            errors = list(free.error)
+        answer = self.engine.generate(
+            RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_answer_tokens), constraint)
+        )
+        parsed = parse_answers(pl.Series(answer.text, dtype=pl.String), rule.low, rule.high, rule.integer)
+        engine_error = pl.Series([e2 or e1 for e1, e2 in zip(errors, answer.error)], dtype=pl.String)
+        guesses = pl.DataFrame(
+            {
+                "run_id": arm.run_id,
+                "round": job.round,
+                "agent_id": ids,
+                "shard": job.shard,
+                "engine": self.spec.kind,
+                "model": self.engine.model,
+                "raw": pl.Series(answer.text, dtype=pl.String),
+                "reasoning": pl.Series(reasoning, dtype=pl.String),
+                "prompt_tokens": tokens_in + answer.prompt_tokens,
+                "completion_tokens": tokens_out + answer.completion_tokens,
+                "latency_s": latency + answer.latency_s,
+                "attempts": answer.attempts,
+                "engine_error": engine_error,
+            }
+        ).with_columns(
+            parsed["guess"].alias("guess"),
+            parsed["valid"].alias("valid"),
+            pl.coalesce("engine_error", parsed["error"]).alias("error"),
+        )
+        # An engine error invalidates the answer even if its text happened to parse.
+        guesses = guesses.with_columns(
+            valid=pl.col("valid") & pl.col("engine_error").is_null(),
+        ).with_columns(guess=pl.when(pl.col("valid")).then(pl.col("guess"))).drop("engine_error")
+        return ShardResult(guesses, node, self.worker, time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _template_frame(agents: pl.DataFrame) -> pl.DataFrame:
+    """The per-agent template variables: ``persona`` (a struct of attributes) and history."""
+    attributes = [c for c in agents.columns if c not in NON_ATTRIBUTES]
+    columns = []
+    if attributes:
+        columns.append(pl.struct(attributes).alias("persona"))
+    columns += [pl.col(c) for c in ("own_guesses", "group") if c in agents.columns]
+    if not columns:
+        return pl.DataFrame({"_": [None] * agents.height})
+    return agents.select(columns)
+
+
+def game_context(rule: GameRule, n_players: int) -> dict[str, Any]:
+    """The ``game`` template variable: the rule with numbers formatted for people."""
+    return {
+        "n_players": f"{n_players:,}",
+        "low": f"{rule.low:g}",
+        "high": f"{rule.high:g}",
+        "ratio": rule.ratio,
+        "offset": f"{rule.offset:g}",
+        "describe": rule.describe(),
+        "integer": rule.integer,
+        "rounds": rule.rounds,
+    }

@@ -1,0 +1,48 @@
+"""Shared fixtures: one Prefect test API and one local Ray for the whole session."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Prefect reads its settings at import: point it at a throwaway home first.
+_HOME = tempfile.mkdtemp(prefix="keynes-prefect-")
+os.environ.setdefault("PREFECT_HOME", _HOME)
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """Prefect's real API (a temporary local server) for the whole session."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """A real local Ray with room for a few actors."""
+    import ray
+
+    from tasks.play import ensure_ray
+
+    ensure_ray(num_cpus=4)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A fresh DuckDB file path."""
+    return tmp_path / "keynes.duckdb"

@@ -1,0 +1,147 @@
+"""The spine end to end: config → personas → Ray shards → environment → DuckDB."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import duckdb
+import pytest
+
+from flows.experiment import experiment
+from tests.conftest import REPO
+
+CONFIG = {
+    "name": "spine",
+    "seed": 7,
+    "population": {"spec": "education.yaml", "size": 250},
+    "game": {"ratio": "2/3", "rounds": 3},
+    "arms": {"engines": [{"kind": "simulated", "rule": "uniform"}], "prompts": ["basic", "cot"]},
+    "workers": {"actors": 2, "shard_size": 40},
+}
+
+
+@pytest.fixture(scope="module")
+def spine_db(tmp_path_factory, prefect_api, local_ray):
+    path = tmp_path_factory.mktemp("spine") / "spine.duckdb"
+    summary = experiment(CONFIG, db=str(path))
+    return path, summary
+
+
+def q(path, sql):
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def test_every_agent_guesses_every_round_of_every_arm(spine_db):
+    path, summary = spine_db
+    assert summary["rows_written"] == 250 * 3 * 2
+    assert q(path, "select count(*) from guesses") == [(250 * 3 * 2,)]
+    assert q(path, "select count(*) from (select distinct run_id, round, agent_id from guesses)") == [(1500,)]
+    assert q(path, "select count(*), count(distinct arm) from runs") == [(2, 2)]
+    assert q(path, "select count(*) from personas") == [(250,)]
+
+
+def test_shards_ran_on_several_actors(spine_db):
+    path, _ = spine_db
+    # 250 agents in shards of 40 → 7 shards per round and arm
+    assert q(path, "select count(*) from shards") == [(7 * 3 * 2,)]
+    assert q(path, "select count(distinct worker) from shards")[0][0] >= 2
+
+
+def test_targets_match_an_independent_sql_computation(spine_db):
+    path, _ = spine_db
+    rows = q(
+        path,
+        """select r.run_id, r.round, r.target, r.mean, g.mean, least(greatest(2/3 * g.mean + 0, 0), 100)
+           from rounds r join (select run_id, round, avg(guess) as mean from guesses where valid
+                               group by all) g using (run_id, round)""",
+    )
+    assert len(rows) == 6
+    for _, _, target, mean, sql_mean, sql_target in rows:
+        assert mean == pytest.approx(sql_mean, abs=1e-9)
+        assert target == pytest.approx(sql_target, abs=1e-9)
+
+
+def test_winners_are_exactly_the_nearest_agents(spine_db):
+    path, _ = spine_db
+    mismatches = q(
+        path,
+        """with d as (select g.run_id, g.round, g.agent_id, abs(g.guess - r.target) as dist
+                      from guesses g join rounds r using (run_id, round) where g.valid),
+                best as (select run_id, round, min(dist) as m from d group by all),
+                expected as (select d.run_id, d.round, d.agent_id from d join best using (run_id, round)
+                             where d.dist <= best.m + 1e-9)
+           select count(*) from (
+               (select * from expected except select * from winners)
+               union all
+               (select * from winners except select * from expected))""",
+    )
+    assert mismatches == [(0,)]
+    assert q(path, "select sum(n_winners) = (select count(*) from winners) from rounds") == [(True,)]
+
+
+def test_every_stored_guess_is_in_bounds_or_flagged(spine_db):
+    path, _ = spine_db
+    assert q(path, "select count(*) from guesses where valid and (guess < 0 or guess > 100 or guess != round(guess))") == [(0,)]
+    assert q(path, "select count(*) from guesses where not valid and error is null") == [(0,)]
+    assert q(path, "select distinct engine, model from guesses") == [("simulated", "simulated/uniform")]
+
+
+def test_chain_of_thought_rows_keep_their_reasoning(spine_db):
+    path, _ = spine_db
+    rows = q(path, "select r.prompt_mode, count(g.reasoning) from guesses g join runs r using (run_id) group by all order by 1")
+    assert rows == [("basic", 0), ("cot", 750)]
+
+
+def test_arms_are_paired_same_seed_same_draws(spine_db):
+    # The simulated uniform rule ignores the prompt: paired arms get identical draws.
+    path, _ = spine_db
+    assert q(
+        path,
+        """select count(*) from guesses a join guesses b using (round, agent_id)
+           join runs ra on a.run_id = ra.run_id join runs rb on b.run_id = rb.run_id
+           where ra.arm = 0 and rb.arm = 1 and a.guess != b.guess""",
+    ) == [(0,)]
+
+
+def test_running_again_writes_nothing_new(spine_db, prefect_api, local_ray):
+    path, _ = spine_db
+    before = q(path, "select (select count(*) from guesses), (select count(*) from rounds), (select count(*) from winners), (select count(*) from personas)")
+    summary = experiment(CONFIG, db=str(path))
+    assert summary["rows_written"] == 0 and summary["rounds_played"] == 0
+    after = q(path, "select (select count(*) from guesses), (select count(*) from rounds), (select count(*) from winners), (select count(*) from personas)")
+    assert after == before
+
+
+def test_second_round_prompt_announces_the_previous_winner(spine_db):
+    from tasks.worker import game_context
+    from tasks.environment import GameRule
+    from prompts.render import render
+    import polars as pl
+
+    path, _ = spine_db
+    history = [{"round": 1, "mean": 40.5, "winning_guess": 27.0, "target": 27.0}]
+    text = render("basic.j2", {"game": game_context(GameRule(), 10), "round": 2, "history": history},
+                  pl.DataFrame({"own_guesses": [[33.0]]}))[0]
+    assert "the winning number was 27" in text and "you named 33" in text
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ('game.ratio="2/0"', "game.ratio: '2/0' is not a fraction"),
+        ("population.size=-5", "population.size: -5"),
+        ("arms.engines.0.kind=warp", "unknown engine 'warp'; available:"),
+        ("game.ratoi=1", "game.ratoi: unknown key (did you mean 'ratio'?)"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line_naming_the_field(override, message, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", str(REPO / "experiments/quickstart.yaml"), "--db", str(tmp_path / "x.duckdb"), "--set", override],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (tmp_path / "x.duckdb").exists()

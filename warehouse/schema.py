@@ -1,0 +1,139 @@
+"""The DuckDB schema, versioned: one row per fact, keys that make writes idempotent.
+
+``migrate`` brings any keynes warehouse up to ``SCHEMA_VERSION``; a file written by a
+newer keynes is refused with a clear message instead of being damaged.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+SCHEMA_VERSION = 1
+
+#: Each entry upgrades the schema from version (index) to version (index + 1).
+MIGRATIONS: list[str] = [
+    # 0 -> 1: the tables of ARCHITECTURE.md
+    """
+    CREATE TABLE IF NOT EXISTS experiments (
+        experiment_id VARCHAR PRIMARY KEY,
+        name          VARCHAR NOT NULL,
+        config        JSON NOT NULL,
+        config_hash   VARCHAR NOT NULL,
+        seed          BIGINT NOT NULL,
+        population    BIGINT NOT NULL,
+        created_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+        finished_at   TIMESTAMPTZ,
+        status        VARCHAR NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS runs (
+        run_id        VARCHAR PRIMARY KEY,
+        experiment_id VARCHAR NOT NULL,
+        arm           INTEGER NOT NULL,
+        engine        VARCHAR NOT NULL,
+        model         VARCHAR NOT NULL,
+        prompt_mode   VARCHAR NOT NULL,
+        temperature   DOUBLE NOT NULL,
+        ratio         VARCHAR NOT NULL,
+        ratio_value   DOUBLE NOT NULL,
+        "offset"      DOUBLE NOT NULL,
+        low           DOUBLE NOT NULL,
+        high          DOUBLE NOT NULL,
+        answers       VARCHAR NOT NULL,
+        tolerance     DOUBLE NOT NULL,
+        rounds        INTEGER NOT NULL,
+        equilibrium   DOUBLE NOT NULL,
+        spec          JSON NOT NULL,
+        status        VARCHAR NOT NULL,
+        started_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+        finished_at   TIMESTAMPTZ
+    );
+    CREATE TABLE IF NOT EXISTS personas (
+        experiment_id VARCHAR NOT NULL,
+        agent_id      BIGINT NOT NULL,
+        background    VARCHAR,
+        PRIMARY KEY (experiment_id, agent_id)
+    );
+    CREATE TABLE IF NOT EXISTS guesses (
+        run_id            VARCHAR NOT NULL,
+        round             INTEGER NOT NULL,
+        agent_id          BIGINT NOT NULL,
+        shard             INTEGER NOT NULL,
+        engine            VARCHAR NOT NULL,
+        model             VARCHAR NOT NULL,
+        guess             DOUBLE,
+        valid             BOOLEAN NOT NULL,
+        raw               VARCHAR,
+        reasoning         VARCHAR,
+        prompt_tokens     INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        latency_s         DOUBLE NOT NULL,
+        attempts          INTEGER NOT NULL,
+        error             VARCHAR
+    );
+    CREATE TABLE IF NOT EXISTS shards (
+        run_id       VARCHAR NOT NULL,
+        round        INTEGER NOT NULL,
+        shard        INTEGER NOT NULL,
+        n            INTEGER NOT NULL,
+        node         VARCHAR NOT NULL,
+        worker       VARCHAR NOT NULL,
+        seconds      DOUBLE NOT NULL,
+        committed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_id, round, shard)
+    );
+    CREATE TABLE IF NOT EXISTS rounds (
+        run_id        VARCHAR NOT NULL,
+        round         INTEGER NOT NULL,
+        n             BIGINT NOT NULL,
+        n_valid       BIGINT NOT NULL,
+        mean          DOUBLE,
+        median        DOUBLE,
+        std           DOUBLE,
+        target        DOUBLE,
+        winning_guess DOUBLE,
+        n_winners     BIGINT NOT NULL,
+        seconds       DOUBLE NOT NULL,
+        PRIMARY KEY (run_id, round)
+    );
+    CREATE TABLE IF NOT EXISTS winners (
+        run_id   VARCHAR NOT NULL,
+        round    INTEGER NOT NULL,
+        agent_id BIGINT NOT NULL
+    );
+    """,
+]
+
+
+class SchemaError(RuntimeError):
+    """The file is not a keynes warehouse this version can use."""
+
+
+def current_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The schema version recorded in the file (0 for an empty file)."""
+    con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    row = con.execute("SELECT max(version) FROM schema_version").fetchall()[0]
+    return row[0] or 0
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Upgrade the schema to ``SCHEMA_VERSION`` in one transaction; return the old version."""
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
+    if tables and "schema_version" not in tables:
+        raise SchemaError(f"not a keynes warehouse: it has tables {sorted(tables)[:5]} but no schema_version")
+    version = current_version(con)
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"the warehouse has schema version {version}, newer than this keynes ({SCHEMA_VERSION}); upgrade keynes"
+        )
+    if version == SCHEMA_VERSION:
+        return version
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for step in range(version, SCHEMA_VERSION):
+            con.execute(MIGRATIONS[step])
+            con.execute("INSERT INTO schema_version VALUES (?)", [step + 1])
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return version

@@ -1,0 +1,254 @@
+"""Reading and writing the warehouse: Arrow in, one transaction per fact group.
+
+The writer opens the DuckDB file only for the length of a commit, so readers
+(``keynes sql``, reports) can open it read-only between commits; both sides retry
+briefly when the other holds the file. Every write is keyed: writing the same shard
+or round twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from warehouse.schema import migrate
+from warehouse.validation import Guesses, Personas
+
+#: Column order of the guesses table.
+GUESS_COLUMNS = list(Guesses.to_schema().columns)
+
+_LOCK_MARKERS = ("Could not set lock", "Conflicting lock", "database is locked", "being used by another process")
+
+
+class WarehouseError(RuntimeError):
+    """The warehouse file cannot be used (missing directory, locked, not writable…)."""
+
+
+class Warehouse:
+    """A keynes DuckDB file.
+
+    Args:
+        path: the database file; its directory must exist.
+        lock_timeout_s: how long to wait for another process that holds the file.
+    """
+
+    def __init__(self, path: str | Path, lock_timeout_s: float = 60.0):
+        self.path = Path(path)
+        self.lock_timeout_s = lock_timeout_s
+
+    # ------------------------------------------------------------------ connections
+    @contextmanager
+    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection for one unit of work; writers get the schema migrated first."""
+        if read_only and not self.path.exists():
+            raise WarehouseError(f"{self.path}: no such warehouse (run an experiment first)")
+        if not read_only and not self.path.parent.is_dir():
+            raise WarehouseError(f"{self.path}: directory {str(self.path.parent)!r} does not exist")
+        deadline = time.monotonic() + self.lock_timeout_s
+        delay = 0.02
+        while True:
+            try:
+                con = duckdb.connect(str(self.path), read_only=read_only)
+                break
+            except duckdb.IOException as exc:
+                message = str(exc)
+                if any(m in message for m in _LOCK_MARKERS) and time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.5)
+                    continue
+                if any(m in message for m in _LOCK_MARKERS):
+                    raise WarehouseError(f"{self.path}: held by another process for over {self.lock_timeout_s:g} s") from exc
+                raise WarehouseError(f"{self.path}: {message.splitlines()[0]}") from exc
+        try:
+            if not read_only:
+                migrate(con)
+            yield con
+        finally:
+            con.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A write connection inside one transaction (rolled back on error)."""
+        with self.connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield con
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+
+    def query(self, sql: str, params: list[Any] | None = None) -> pl.DataFrame:
+        """Run a read-only query and return a polars frame."""
+        with self.connect(read_only=True) as con:
+            return _frame(con, sql, params)
+
+    # ------------------------------------------------------------------ experiments and runs
+    def begin_experiment(self, experiment_id: str, name: str, config: dict, config_hash: str, seed: int, population: int) -> None:
+        """Record an experiment (once); a rerun marks it running again."""
+        with self.transaction() as con:
+            con.execute(
+                """INSERT INTO experiments (experiment_id, name, config, config_hash, seed, population, status)
+                   VALUES (?, ?, ?, ?, ?, ?, 'running')
+                   ON CONFLICT (experiment_id) DO UPDATE SET status = 'running', finished_at = NULL""",
+                [experiment_id, name, json.dumps(config), config_hash, seed, population],
+            )
+
+    def finish_experiment(self, experiment_id: str, status: str = "completed") -> None:
+        with self.transaction() as con:
+            con.execute(
+                "UPDATE experiments SET status = ?, finished_at = now() WHERE experiment_id = ?", [status, experiment_id]
+            )
+
+    def begin_run(self, run: dict[str, Any]) -> None:
+        """Record a run (one arm of an experiment) once; a rerun marks it running again."""
+        columns = list(run)
+        quoted = ", ".join(f'"{c}"' for c in columns)
+        with self.transaction() as con:
+            con.execute(
+                f"INSERT INTO runs ({quoted}) VALUES ({', '.join('?' * len(columns))}) "
+                "ON CONFLICT (run_id) DO UPDATE SET status = 'running', finished_at = NULL",
+                [json.dumps(v) if isinstance(v, dict) else v for v in run.values()],
+            )
+
+    def finish_run(self, run_id: str, status: str = "completed") -> None:
+        with self.transaction() as con:
+            con.execute("UPDATE runs SET status = ?, finished_at = now() WHERE run_id = ?", [status, run_id])
+
+    # ------------------------------------------------------------------ personas
+    def write_personas(self, experiment_id: str, personas: pl.DataFrame) -> int:
+        """Store an experiment's personas once (new demographic columns are added to
+        the table); returns the rows written (0 when they were already there)."""
+        frame = personas.with_columns(experiment_id=pl.lit(experiment_id))
+        if "background" not in frame.columns:
+            frame = frame.with_columns(background=pl.lit(None, pl.String))
+        frame = Personas.validate(frame, lazy=True)
+        with self.transaction() as con:
+            existing = con.execute("SELECT count(*) FROM personas WHERE experiment_id = ?", [experiment_id]).fetchall()[0][0]
+            if existing:
+                return 0
+            have = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'personas'").fetchall()}
+            arrow = frame.to_arrow()
+            for column in frame.columns:
+                if column not in have:
+                    sql_type = _sql_type(frame.schema[column])
+                    con.execute(f'ALTER TABLE personas ADD COLUMN "{column}" {sql_type}')
+            con.register("new_personas", arrow)
+            quoted = ", ".join(f'"{c}"' for c in frame.columns)
+            con.execute(f"INSERT INTO personas ({quoted}) SELECT {quoted} FROM new_personas")
+            con.unregister("new_personas")
+            return frame.height
+
+    def read_personas(self, experiment_id: str) -> pl.DataFrame:
+        """An experiment's personas, ordered by agent id, without the experiment column."""
+        with self.connect() as con:
+            frame = _frame(
+                con,
+                "SELECT * EXCLUDE (experiment_id) FROM personas WHERE experiment_id = ? ORDER BY agent_id", [experiment_id]
+            )
+        return frame.select([c for c in frame.columns if frame[c].null_count() < frame.height or c in ("agent_id", "background")])
+
+    # ------------------------------------------------------------------ guesses, shards, rounds
+    def committed_agents(self, run_id: str, round_: int) -> np.ndarray:
+        """Agent ids whose guesses of this round are already stored."""
+        with self.connect() as con:
+            sql = "SELECT agent_id FROM guesses WHERE run_id = ? AND round = ?"
+            return _frame(con, sql, [run_id, round_])["agent_id"].to_numpy()
+
+    def write_shard(self, guesses: pl.DataFrame, shard: dict[str, Any]) -> int:
+        """Commit one shard's guesses and its ``shards`` row in one transaction.
+
+        Rows already stored for (run, round, agent) are skipped, so a re-dispatched
+        shard never duplicates a guess. Returns the number of new rows.
+        """
+        frame = Guesses.validate(guesses.select(GUESS_COLUMNS), lazy=True)
+        with self.transaction() as con:
+            con.register("new_guesses", frame.to_arrow())
+            before = con.execute("SELECT count(*) FROM guesses WHERE run_id = ? AND round = ?", [shard["run_id"], shard["round"]]).fetchall()[0][0]
+            con.execute(
+                f"""INSERT INTO guesses SELECT {', '.join(GUESS_COLUMNS)} FROM new_guesses n
+                    WHERE NOT EXISTS (SELECT 1 FROM guesses g WHERE g.run_id = n.run_id
+                                      AND g.round = n.round AND g.agent_id = n.agent_id)"""
+            )
+            after = con.execute("SELECT count(*) FROM guesses WHERE run_id = ? AND round = ?", [shard["run_id"], shard["round"]]).fetchall()[0][0]
+            con.unregister("new_guesses")
+            con.execute(
+                """INSERT INTO shards (run_id, round, shard, n, node, worker, seconds) VALUES (?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT DO NOTHING""",
+                [shard["run_id"], shard["round"], shard["shard"], shard["n"], shard["node"], shard["worker"], shard["seconds"]],
+            )
+        return after - before
+
+    def round_guesses(self, run_id: str, round_: int) -> pl.DataFrame:
+        """The stored guesses of one round: agent_id, guess, valid."""
+        with self.connect() as con:
+            return _frame(
+                con,
+                "SELECT agent_id, guess, valid FROM guesses WHERE run_id = ? AND round = ? ORDER BY agent_id", [run_id, round_]
+            )
+
+    def finished_rounds(self, run_id: str) -> list[int]:
+        """Rounds whose outcome is committed."""
+        with self.connect() as con:
+            return [r[0] for r in con.execute("SELECT round FROM rounds WHERE run_id = ? ORDER BY round", [run_id]).fetchall()]
+
+    def write_outcome(self, run_id: str, round_: int, outcome: Any, seconds: float) -> bool:
+        """Commit a round's outcome and winners in one transaction; False if already stored."""
+        with self.transaction() as con:
+            if con.execute("SELECT count(*) FROM rounds WHERE run_id = ? AND round = ?", [run_id, round_]).fetchall()[0][0]:
+                return False
+            con.execute(
+                "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, round_, outcome.n, outcome.n_valid, outcome.mean, outcome.median, outcome.std,
+                 outcome.target, outcome.winning_guess, outcome.n_winners, seconds],
+            )
+            winners = pl.DataFrame({"run_id": run_id, "round": round_, "agent_id": outcome.winners}).with_columns(
+                pl.col("round").cast(pl.Int32), pl.col("agent_id").cast(pl.Int64)
+            )
+            con.register("new_winners", winners.to_arrow())
+            con.execute("INSERT INTO winners SELECT run_id, round, agent_id FROM new_winners")
+            con.unregister("new_winners")
+        return True
+
+    def history(self, run_id: str, before_round: int) -> list[dict[str, Any]]:
+        """Outcomes of the rounds before ``before_round``, oldest first."""
+        with self.connect() as con:
+            frame = _frame(
+                con,
+                "SELECT round, n, n_valid, mean, median, target, winning_guess, n_winners FROM rounds "
+                "WHERE run_id = ? AND round < ? ORDER BY round",
+                [run_id, before_round],
+            )
+        return frame.to_dicts()
+
+    def own_guesses(self, run_id: str, before_round: int) -> pl.DataFrame:
+        """Each agent's guesses in earlier rounds: agent_id, own_guesses (list, oldest first)."""
+        with self.connect() as con:
+            return _frame(
+                con,
+                "SELECT agent_id, list(guess ORDER BY round) AS own_guesses FROM guesses "
+                "WHERE run_id = ? AND round < ? GROUP BY agent_id",
+                [run_id, before_round],
+            )
+
+
+def _sql_type(dtype: pl.DataType) -> str:
+    if dtype.is_integer():
+        return "BIGINT"
+    if dtype.is_float():
+        return "DOUBLE"
+    if dtype == pl.Boolean:
+        return "BOOLEAN"
+    return "VARCHAR"
+
+
+def _frame(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = None) -> pl.DataFrame:
+    """Run a query and return a polars frame (through Arrow, without a copy)."""
+    return pl.from_arrow(con.sql(query, params=params or None).to_arrow_table())

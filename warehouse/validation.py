@@ -1,0 +1,62 @@
+"""pandera schemas: every table is checked at the boundary, before it is written.
+
+A failed check raises ``pandera.errors.SchemaErrors`` naming the column, the check and
+the failing values; nothing is written then.
+"""
+
+from __future__ import annotations
+
+import pandera.polars as pa
+import polars as pl
+
+
+class Guesses(pa.DataFrameModel):
+    """One row per agent per round: every guess, valid or not."""
+
+    run_id: str
+    round: int = pa.Field(ge=1)
+    agent_id: int = pa.Field(ge=0)
+    shard: int = pa.Field(ge=0)
+    engine: str
+    model: str
+    guess: float = pa.Field(nullable=True)
+    valid: bool
+    raw: str = pa.Field(nullable=True)
+    reasoning: str = pa.Field(nullable=True)
+    prompt_tokens: int = pa.Field(ge=0)
+    completion_tokens: int = pa.Field(ge=0)
+    latency_s: float = pa.Field(ge=0)
+    attempts: int = pa.Field(ge=0)
+    error: str = pa.Field(nullable=True)
+
+    class Config:
+        strict = True
+        coerce = True
+
+    @pa.dataframe_check(error="a valid guess needs a number and an invalid one none")
+    def valid_iff_guess(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col("valid") == pl.col("guess").is_not_null())
+
+    @pa.dataframe_check(error="an invalid guess must say why (error)")
+    def invalid_has_error(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col("valid") | pl.col("error").is_not_null())
+
+
+class Personas(pa.DataFrameModel):
+    """One row per agent of an experiment; demographic columns vary by population spec."""
+
+    experiment_id: str
+    agent_id: int = pa.Field(ge=0, unique=True)
+    background: str = pa.Field(nullable=True)
+
+    class Config:
+        strict = False
+        coerce = True
+
+
+def check_bounds(guesses: pl.DataFrame, low: float, high: float) -> None:
+    """Every valid guess lies in [low, high]; raise ValueError naming the first that does not."""
+    bad = guesses.filter(pl.col("valid") & ((pl.col("guess") < low) | (pl.col("guess") > high)))
+    if bad.height:
+        row = bad.row(0, named=True)
+        raise ValueError(f"guess {row['guess']} of agent {row['agent_id']} is valid but outside [{low}, {high}]")

@@ -16,7 +16,12 @@ from typing import Any, Callable
 
 import numpy as np
 import polars as pl
-import ray
+
+# Under `uv run`, Ray would start workers with `uv run` in a copy of the project: a fresh
+# environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
+# instead; set RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 to get Ray's behaviour back.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+import ray  # noqa: E402
 from prefect import task
 from prefect.cache_policies import NONE
 

@@ -21,7 +21,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks import progress
-from tasks.engines import EngineSpec
+from tasks.engines import CompletionBatch, EngineSpec, RequestBatch
 from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context
 from warehouse.store import Warehouse
 
@@ -43,6 +43,10 @@ class AgentWorker:
 
     def play(self, job: ShardJob) -> ShardResult:
         return self.player.play(job, node=self.node)
+
+    def complete(self, batch: RequestBatch) -> CompletionBatch:
+        """Completions from this actor's engine outside a game (e.g. persona backstories)."""
+        return self.player.engine.generate(batch)
 
     def where(self) -> dict[str, Any]:
         return {"node": self.node, "worker": self.player.worker, "pid": os.getpid()}
@@ -84,8 +88,9 @@ class WorkerPool:
         }
         self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
 
-    def run(self, jobs: list[ShardJob], on_result: Callable[[ShardJob, ShardResult], None]) -> None:
-        """Play every job, calling ``on_result`` in the driver as each shard finishes."""
+    def run(self, jobs: list[Any], on_result: Callable[[Any, Any], None], method: str = "play") -> None:
+        """Play every job (or pass each to the actors' ``method``), calling ``on_result``
+        in the driver as each one finishes."""
         pending = deque(jobs)
         running: dict[ray.ObjectRef, tuple[ShardJob, Any]] = {}
         load = {i: 0 for i in range(len(self.actors))}
@@ -96,7 +101,7 @@ class WorkerPool:
                 if load[index] >= IN_FLIGHT_PER_ACTOR:
                     return
                 job = pending.popleft()
-                running[self.actors[index].play.remote(job)] = (job, index)
+                running[getattr(self.actors[index], method).remote(job)] = (job, index)
                 load[index] += 1
 
         submit()

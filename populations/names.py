@@ -57,12 +57,14 @@ def locale_names(locale: str) -> dict[str, NameList]:
     Raises:
         ValueError: Faker has no such locale, or it has no person names.
     """
-    from faker import Faker
-    from faker.config import AVAILABLE_LOCALES
+    import importlib
 
-    if locale not in AVAILABLE_LOCALES:
-        raise ValueError(f"names.locale: unknown locale {locale!r} (e.g. en_US, de_DE, fr_FR, ja_JP)")
-    person = next((p for p in Faker(locale).providers if type(p).__module__.startswith("faker.providers.person")), None)
+    # The locale's person provider alone: building a Faker (or listing its locales)
+    # imports every provider and costs a second or more.
+    try:
+        person = importlib.import_module(f"faker.providers.person.{locale}").Provider
+    except ModuleNotFoundError:
+        raise ValueError(f"names.locale: unknown locale {locale!r} (e.g. en_US, de_DE, fr_FR, ja_JP)") from None
     if person is None or not getattr(person, "last_names", None):
         raise ValueError(f"names.locale: locale {locale!r} has no person names")
     female = getattr(person, "first_names_female", None) or getattr(person, "first_names")

@@ -93,17 +93,19 @@ def sample(spec: PopulationSpec, n: int, seed: int) -> pl.DataFrame:
 
 
 def _labels(name: str, labels: list[str], codes: np.ndarray) -> pl.Series:
-    return pl.Series(name, labels, dtype=pl.String).gather(pl.Series(codes, dtype=pl.UInt32))
+    return pl.Series(name, labels, dtype=pl.String).gather(codes)
 
 
 def _draw(p: np.ndarray, n: int, mode: str, rng: np.random.Generator) -> np.ndarray:
     """Category codes for ``n`` personas with shares ``p``."""
+    # The smallest code type: shuffling bytes is about twice as fast as shuffling words.
+    dtype = np.uint8 if len(p) <= 256 else np.uint32
     if mode == "quota":
-        out = np.repeat(np.arange(len(p), dtype=np.uint32), quota_counts(p, n))
+        out = np.repeat(np.arange(len(p), dtype=dtype), quota_counts(p, n))
         rng.shuffle(out)
         return out
     cumulative = np.cumsum(p / p.sum())
-    return np.minimum(np.searchsorted(cumulative, rng.random(n), side="right"), len(p) - 1).astype(np.uint32)
+    return np.minimum(np.searchsorted(cumulative, rng.random(n), side="right"), len(p) - 1).astype(dtype)
 
 
 def _conditional(
@@ -113,11 +115,9 @@ def _conditional(
     parent_labels, parent_codes = parent
     labels = attribute.labels
     index = {label: i for i, label in enumerate(labels)}
-    out = np.empty(n, dtype=np.uint32)
-    by_parent = np.argsort(parent_codes, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(parent_codes, minlength=len(parent_labels)))])
+    out = np.empty(n, dtype=np.uint8 if len(labels) <= 256 else np.uint32)
     for code, value in enumerate(parent_labels):
-        members = by_parent[bounds[code] : bounds[code + 1]]
+        members = np.flatnonzero(parent_codes == code)
         if not len(members):
             continue
         table = attribute.shares[value]

@@ -258,8 +258,13 @@ def format_spec_error(exc: ValidationError) -> str:
     return f"{path}: {message}" if path else message
 
 
-def parse_spec(data: dict[str, Any], origin: str = "population") -> PopulationSpec:
+def parse_spec(data: dict[str, Any], origin: str = "population", separator: str = ".") -> PopulationSpec:
     """Validate a spec mapping.
+
+    Args:
+        data: the spec as a mapping.
+        origin: what to name the spec by in errors (a config field or a file name).
+        separator: between origin and the path inside the spec ("." for a config field).
 
     Raises:
         SpecError: one line naming the attribute path and the bad value.
@@ -267,7 +272,7 @@ def parse_spec(data: dict[str, Any], origin: str = "population") -> PopulationSp
     try:
         return PopulationSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(f"{origin}: {format_spec_error(exc)}") from None
+        raise SpecError(f"{origin}{separator}{format_spec_error(exc)}") from None
 
 
 def load_spec(path: str | Path) -> PopulationSpec:
@@ -280,7 +285,7 @@ def load_spec(path: str | Path) -> PopulationSpec:
     if not file.exists() and (POPULATIONS_DIR / file).exists():
         file = POPULATIONS_DIR / file
     if not file.exists():
-        raise SpecError(f"population spec {str(path)!r} not found")
+        raise SpecError(f"{path}: no such population spec (looked here and in populations/)")
     try:
         data = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -290,4 +295,4 @@ def load_spec(path: str | Path) -> PopulationSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping with `attributes`, got {type(data).__name__}")
     data.setdefault("name", file.stem)
-    return parse_spec(data, origin=str(path))
+    return parse_spec(data, origin=str(path), separator=": ")

@@ -8,6 +8,7 @@ A rerun of the same experiment reads the stored personas instead of sampling aga
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -85,12 +86,42 @@ def personas_stage(
     stored = warehouse.read_personas(experiment_id)
     if stored.height == size:
         return stored
-    personas = sample(spec, size, seed)
-    if backstories is not None and backstories.enabled:
-        personas, counts = attach_backstories(personas, backstories, seed, warehouse, actors, ray_address, dashboard)
-        log.warning("backstories: %(generated)d generated, %(reused)d reused, %(failed)d failed", counts)
+    personas, counts = make_personas(spec, size, seed, warehouse, backstories, actors, ray_address, dashboard)
+    if counts:
+        log.info("backstories: %(generated)d generated, %(reused)d reused, %(failed)d failed", counts)
     warehouse.write_personas(experiment_id, personas)
     return warehouse.read_personas(experiment_id)
+
+
+def make_personas(
+    spec: PopulationSpec,
+    size: int,
+    seed: int,
+    warehouse: Warehouse,
+    backstories: Backstories | None = None,
+    actors: int = 1,
+    ray_address: str | None = None,
+    dashboard: bool = False,
+) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Sample personas and, when enabled, attach backstories (not stored yet).
+
+    Returns:
+        The personas, and the backstory counts (empty without backstories).
+    """
+    personas = sample(spec, size, seed)
+    if backstories is None or not backstories.enabled:
+        return personas, {}
+    return attach_backstories(personas, backstories, seed, warehouse, actors, ray_address, dashboard)
+
+
+def population_id(spec: PopulationSpec, size: int, seed: int, backstories: Backstories | None = None) -> str:
+    """The id a stand-alone population is stored under in ``personas.experiment_id``:
+    the same spec, size, seed (and backstory settings) → the same id."""
+    parts = [spec.model_dump_json(), str(size), str(seed)]
+    if backstories is not None and backstories.enabled:
+        parts.append(backstories.model_dump_json())
+    digest = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:8]
+    return f"population-{spec.name}-n{size}-s{seed}-{digest}"
 
 
 def backstory_requests(personas: pl.DataFrame, settings: Backstories, seed: int, model: str) -> pl.DataFrame:

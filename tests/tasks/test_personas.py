@@ -3,7 +3,13 @@ shown to agents; the flow end to end with a population that has backgrounds."""
 
 from __future__ import annotations
 
-import duckdb
+import os
+
+# Ray workers share this environment instead of building one per job with `uv run`
+# (main's tasks/play.py sets the same default once the llm branch has landed).
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+import duckdb  # noqa: E402
 import polars as pl
 import pytest
 
@@ -163,3 +169,67 @@ def test_another_experiment_over_the_same_population_reuses_the_backstories(flow
         """select count(*) from personas a join personas b using (agent_id)
            where a.experiment_id < b.experiment_id and a.background = b.background""",
     ) == [(12,)]
+
+
+# ----------------------------------------------------------------------------- the CLI
+def test_cli_backstories_are_generated_then_reused(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    db = tmp_path / "k.duckdb"
+    args = [sys.executable, "-m", "flows.cli", "personas", "adults.yaml", "--n", "6", "--seed", "2", "--db", str(db),
+            "--backstories", "--engine", "simulated"]
+    env = {**os.environ, "COLUMNS": "200"}
+    first = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr
+    assert "backstories: 6 generated, 0 reused, 0 failed" in first.stderr
+    second = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
+    assert second.returncode == 0, second.stderr
+    assert "backstories: 0 generated, 6 reused, 0 failed" in second.stderr and "already stored" in second.stderr
+    assert q(db, "select count(*), count(background) from personas") == [(6, 6)]
+    assert q(db, "select count(*) from backstories") == [(6,)]
+
+
+def test_cli_unknown_backstory_engine_exits_2(tmp_path):
+    import subprocess
+    import sys
+
+    db = tmp_path / "k.duckdb"
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "personas", "education.yaml", "--n", "5", "--db", str(db), "--backstories", "--engine", "warp"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--engine: unknown engine 'warp'; available:" in lines[0], result.stderr
+    assert not db.exists()
+
+
+# ----------------------------------------------------------------------------- real Gemma
+@pytest.mark.llm
+def test_gemma_writes_backstories_that_are_stored_reused_and_shown(tmp_path, local_ray):
+    warehouse = Warehouse(tmp_path / "keynes.duckdb")
+    personas = sample(load_spec("adults.yaml"), 6, seed=5)
+    settings = Backstories(enabled=True, max_tokens=48, batch_size=3)  # the default engine
+    assert settings.engine_spec().kind == "llamacpp" and settings.engine_spec().model_name == "gemma-3-270m"
+
+    frame, counts = attach_backstories(personas, settings, 5, warehouse, actors=1)
+    assert counts == {"generated": 6, "reused": 0, "failed": 0}
+    assert q(warehouse.path, "select distinct engine, model from backstories") == [("llamacpp", "gemma-3-270m")]
+    rows = q(warehouse.path, "select raw, background, completion_tokens from backstories")
+    assert len(rows) == 6
+    for name, background in frame.select("name", "background").iter_rows():
+        assert background.startswith(f"My name is {name}.")
+    # the model wrote something of its own (a base model may stop at once now and then)
+    assert sum(tokens > 0 and len(background.split()) > 5 for _, background, tokens in rows) >= 3
+
+    again, counts = attach_backstories(personas, settings, 5, warehouse, actors=1)
+    assert counts == {"generated": 0, "reused": 6, "failed": 0}
+    assert again["background"].equals(frame["background"])
+    assert q(warehouse.path, "select count(*) from backstories") == [(6,)]
+
+    shared = {"game": game_context(GameRule(), 6), "round": 1, "history": []}
+    prompts = render(str(BACKGROUND_TEMPLATE), shared, _template_frame(frame))
+    for prompt, background in zip(prompts, frame["background"]):
+        assert f"About you: {background}\n" in prompt

@@ -166,10 +166,14 @@ def personas(
 
     settings = None
     if backstories:
+        from pydantic import ValidationError
+
         try:
             settings = Backstories(enabled=True, engine={"kind": engine}, max_tokens=max_tokens)
-        except ValueError as exc:
-            fail(f"--engine: {str(exc).splitlines()[-1].strip().removeprefix('Value error, ')}")
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            option = "--max-tokens" if error["loc"] and error["loc"][0] == "max_tokens" else "--engine"
+            fail(f"{option}: {error['msg'].removeprefix('Value error, ')}")
     warehouse = Warehouse(db) if db is not None else None
     try:
         frame, counts = make_personas(population, n, seed, warehouse, settings, actors)

@@ -77,7 +77,10 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     warehouse.begin_experiment(
         cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
-    personas = personas_stage(cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse)
+    personas = personas_stage(
+        cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
+        cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
+    )
     ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
     if ray_info.get("dashboard_url"):
         logger.info("Ray dashboard: http://%s", ray_info["dashboard_url"])

@@ -26,7 +26,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks import progress
-from tasks.engines import EngineSpec
+from tasks.engines import CompletionBatch, EngineSpec, RequestBatch
 from tasks.engines.mixture import MixtureSpec, shard_index
 from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context
 from warehouse.store import Warehouse
@@ -49,6 +49,10 @@ class AgentWorker:
 
     def play(self, job: ShardJob) -> ShardResult:
         return self.player.play(job, node=self.node)
+
+    def complete(self, batch: RequestBatch) -> CompletionBatch:
+        """Completions from this actor's engine outside a game (e.g. persona backstories)."""
+        return self.player.engine.generate(batch)
 
     def where(self) -> dict[str, Any]:
         return {"node": self.node, "worker": self.player.worker, "pid": os.getpid()}
@@ -90,9 +94,10 @@ class WorkerPool:
         }
         self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
 
-    def run(self, jobs: list[ShardJob], on_result: Callable[[ShardJob, ShardResult], None]) -> None:
-        """Play every job, calling ``on_result`` in the driver as each shard finishes."""
-        run_pools([(self, jobs)], on_result)
+    def run(self, jobs: list[Any], on_result: Callable[[Any, Any], None], method: str = "play") -> None:
+        """Play every job (or pass each to the actors' ``method``), calling ``on_result``
+        in the driver as each one finishes."""
+        run_pools([(self, jobs)], on_result, method)
 
     def shutdown(self) -> None:
         for actor in self.actors:
@@ -100,7 +105,9 @@ class WorkerPool:
         self.actors = []
 
 
-def run_pools(work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable[[ShardJob, ShardResult], None]) -> None:
+def run_pools(
+    work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable[[ShardJob, ShardResult], None], method: str = "play"
+) -> None:
     """Play each pool's jobs on that pool, all pools at once (the engines of a mixture),
     calling ``on_result`` in the driver as each shard finishes."""
     queues = [(pool, deque(jobs), [0] * len(pool.actors)) for pool, jobs in work]
@@ -113,7 +120,7 @@ def run_pools(work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable
                 if load[index] >= IN_FLIGHT_PER_ACTOR:
                     break
                 job = pending.popleft()
-                running[pool.actors[index].play.remote(job)] = (job, p, index)
+                running[getattr(pool.actors[index], method).remote(job)] = (job, p, index)
                 load[index] += 1
 
     submit()

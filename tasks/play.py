@@ -22,7 +22,7 @@ from prefect.cache_policies import NONE
 
 from tasks import progress
 from tasks.engines import EngineSpec
-from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context
+from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context, groups_context, population_context
 from warehouse.store import Warehouse
 
 __all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "shutdown_pools"]
@@ -162,7 +162,9 @@ def play_round(
         own = warehouse.own_guesses(arm.run_id, round_)
         agents = agents.join(own, on="agent_id", how="left")
     history = warehouse.history(arm.run_id, round_)
-    shared = {"game": game_context(arm.rule, n), "round": round_, "history": history}
+    shared = {"game": game_context(arm.rule, n), "round": round_, "history": history, "population": population_context(personas)}
+    if "group" in personas.columns:  # nested environments: each agent is told its group's results
+        shared["groups"] = groups_context(personas, warehouse.group_history(arm.run_id, round_))
     index = np.arange(n) // shard_size
     frame = agents.with_columns(_shard=pl.Series(index, dtype=pl.Int32))
     if len(done):

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from populations.spec import PopulationSpec, load_spec
 from prompts.modes import MODES, custom_mode
 from tasks import engines
+from tasks.engines.mixture import MixtureSpec
 from tasks.environment import GameOverride, GameRule, Groups, parse_fraction
 from tasks.play import Arm
 
@@ -30,9 +31,8 @@ class ConfigError(ValueError):
 
 
 def _engine_union() -> Any:
-    classes = tuple(engines.spec_class(kind) for kind in engines.available())
-    if len(classes) == 1:
-        return classes[0]
+    # Every registered engine, plus a mixture of them (several engines in one game).
+    classes = tuple(engines.spec_class(kind) for kind in engines.available()) + (MixtureSpec,)
     return Annotated[Union[classes], Field(discriminator="kind")]
 
 
@@ -87,7 +87,8 @@ class ArmsConfig(Strict):
 
     engines: list[EngineConfig] = Field(  # type: ignore[valid-type]
         default_factory=lambda: [engines.spec_class("simulated")()],
-        description="Engines, each a mapping with `kind:` (llamacpp, openai, simulated, vllm) and its settings.",
+        description="Engines, each a mapping with `kind:` (llamacpp, openai, simulated, vllm) and its settings; "
+        "`kind: mixture` with `components: [{engine: {...}, fraction: 0.5}, ...]` plays several engines in one game.",
     )
     prompts: list[str | CustomPrompt] = Field(
         ["basic"], min_length=1,
@@ -256,14 +257,15 @@ def format_error(exc: ValidationError, data: Any = None) -> str:
     error = exc.errors(include_url=False)[0]
     loc = [str(p) for p in error["loc"]]
     # A discriminated union puts the engine kind in the path: drop it.
-    loc = [p for i, p in enumerate(loc) if not (i > 0 and loc[i - 1].isdigit() and p in engines.available())]
+    kinds = [*engines.available(), "mixture"]
+    loc = [p for i, p in enumerate(loc) if not (i > 0 and (loc[i - 1].isdigit() or loc[i - 1] == "engine") and p in kinds)]
     path = ".".join(loc) or "config"
-    # A check across fields (a model validator) names its own path: "groups.by: ...".
-    if not loc and kind == "value_error" and re.match(r"^[\w.]+: ", message.removeprefix("Value error, ")):
-        return message.removeprefix("Value error, ")
     value = error.get("input")
     kind = error["type"]
     message = error["msg"]
+    # A check across fields (a model validator) names its own path: "groups.by: ...".
+    if not loc and kind == "value_error" and re.match(r"^[\w.]+: ", message.removeprefix("Value error, ")):
+        return message.removeprefix("Value error, ")
     if kind == "extra_forbidden":
         parent_model = _model_at(loc[:-1])
         hint = ""

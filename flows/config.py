@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from populations.spec import PopulationSpec, load_spec
 from prompts.modes import MODES, custom_mode
@@ -82,6 +82,13 @@ class CustomPrompt(Strict):
         return custom_mode(self.name, self.template, self.reasoning)
 
 
+#: A prompt mode by name (or .j2 path), or a custom template mapping; the tag keeps errors precise.
+PromptChoice = Annotated[
+    Union[Annotated[str, Tag("builtin")], Annotated[CustomPrompt, Tag("custom")]],
+    Discriminator(lambda v: "builtin" if isinstance(v, str) else "custom"),
+]
+
+
 class ArmsConfig(Strict):
     """The arms of the experiment: every combination of engine × prompt mode × game × temperature."""
 
@@ -90,7 +97,7 @@ class ArmsConfig(Strict):
         description="Engines, each a mapping with `kind:` (llamacpp, openai, simulated, vllm) and its settings; "
         "`kind: mixture` with `components: [{engine: {...}, fraction: 0.5}, ...]` plays several engines in one game.",
     )
-    prompts: list[str | CustomPrompt] = Field(
+    prompts: list[PromptChoice] = Field(  # type: ignore[valid-type]
         ["basic"], min_length=1,
         description=f"Prompt modes: {', '.join(MODES)}; or your own template as {{name, template, reasoning}}.",
     )
@@ -259,6 +266,7 @@ def format_error(exc: ValidationError, data: Any = None) -> str:
     # A discriminated union puts the engine kind in the path: drop it.
     kinds = [*engines.available(), "mixture"]
     loc = [p for i, p in enumerate(loc) if not (i > 0 and (loc[i - 1].isdigit() or loc[i - 1] == "engine") and p in kinds)]
+    loc = [p for i, p in enumerate(loc) if not (i > 0 and loc[i - 1].isdigit() and p in ("builtin", "custom"))]
     path = ".".join(loc) or "config"
     value = error.get("input")
     kind = error["type"]

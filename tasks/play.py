@@ -28,7 +28,7 @@ from prefect.cache_policies import NONE
 from tasks import progress
 from tasks.engines import CompletionBatch, EngineSpec, RequestBatch
 from tasks.engines.mixture import MixtureSpec, shard_index
-from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context
+from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context, groups_context, population_context
 from warehouse.store import Warehouse
 
 __all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "run_pools", "shutdown_pools"]
@@ -181,7 +181,9 @@ def play_round(
         own = warehouse.own_guesses(arm.run_id, round_)
         agents = agents.join(own, on="agent_id", how="left")
     history = warehouse.history(arm.run_id, round_)
-    shared = {"game": game_context(arm.rule, n), "round": round_, "history": history}
+    shared = {"game": game_context(arm.rule, n), "round": round_, "history": history, "population": population_context(personas)}
+    if "group" in personas.columns:  # nested environments: each agent is told its group's results
+        shared["groups"] = groups_context(personas, warehouse.group_history(arm.run_id, round_))
     specs, component, actor_counts = _components(arm, personas, seed, actors)
     index = shard_index(component, shard_size)
     frame = agents.with_columns(_shard=pl.Series(index, dtype=pl.Int32), _component=pl.Series(component, dtype=pl.Int32))

@@ -199,8 +199,12 @@ class Warehouse:
         with self.connect() as con:
             return [r[0] for r in con.execute("SELECT round FROM rounds WHERE run_id = ? ORDER BY round", [run_id]).fetchall()]
 
-    def write_outcome(self, run_id: str, round_: int, outcome: Any, seconds: float) -> bool:
-        """Commit a round's outcome and winners in one transaction; False if already stored."""
+    def write_outcome(self, run_id: str, round_: int, outcome: Any, seconds: float, groups: dict[str, Any] | None = None) -> bool:
+        """Commit a round's outcome and winners in one transaction; False if already stored.
+
+        ``groups`` (group name → outcome) are committed in the same transaction to
+        ``group_rounds`` and ``group_winners``.
+        """
         with self.transaction() as con:
             if con.execute("SELECT count(*) FROM rounds WHERE run_id = ? AND round = ?", [run_id, round_]).fetchall()[0][0]:
                 return False
@@ -215,7 +219,42 @@ class Warehouse:
             con.register("new_winners", winners.to_arrow())
             con.execute("INSERT INTO winners SELECT run_id, round, agent_id FROM new_winners")
             con.unregister("new_winners")
+            for name, result in (groups or {}).items():
+                con.execute(
+                    "INSERT INTO group_rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [run_id, round_, name, result.n, result.n_valid, result.mean, result.median, result.std,
+                     result.target, result.winning_guess, result.n_winners],
+                )
+                members = pl.DataFrame({"agent_id": result.winners}).with_columns(pl.col("agent_id").cast(pl.Int64))
+                con.register("new_group_winners", members.to_arrow())
+                con.execute("INSERT INTO group_winners SELECT ?, ?, ?, agent_id FROM new_group_winners", [run_id, round_, name])
+                con.unregister("new_group_winners")
         return True
+
+    def write_groups(self, experiment_id: str, groups: pl.DataFrame) -> int:
+        """Store which group every agent plays in (columns agent_id, group), once."""
+        frame = groups.select(pl.lit(experiment_id).alias("experiment_id"), pl.col("agent_id").cast(pl.Int64), pl.col("group").alias("group_name"))
+        with self.transaction() as con:
+            if con.execute("SELECT count(*) FROM group_members WHERE experiment_id = ?", [experiment_id]).fetchall()[0][0]:
+                return 0
+            con.register("new_members", frame.to_arrow())
+            con.execute("INSERT INTO group_members SELECT experiment_id, agent_id, group_name FROM new_members")
+            con.unregister("new_members")
+        return frame.height
+
+    def group_history(self, run_id: str, before_round: int) -> dict[str, list[dict[str, Any]]]:
+        """Each group's outcomes of the rounds before ``before_round``, oldest first."""
+        with self.connect() as con:
+            frame = _frame(
+                con,
+                "SELECT group_name, round, n, n_valid, mean, median, target, winning_guess, n_winners FROM group_rounds "
+                "WHERE run_id = ? AND round < ? ORDER BY group_name, round",
+                [run_id, before_round],
+            )
+        history: dict[str, list[dict[str, Any]]] = {}
+        for row in frame.to_dicts():
+            history.setdefault(row.pop("group_name"), []).append(row)
+        return history
 
     def history(self, run_id: str, before_round: int) -> list[dict[str, Any]]:
         """Outcomes of the rounds before ``before_round``, oldest first."""

@@ -156,7 +156,7 @@ def build_page(data: ReportData, title: str | None = None) -> pn.template.BaseTe
     page = pn.template.BootstrapTemplate(
         title=title or f"keynes report · {o['name']}",
         header_background=HEADER_COLOR,
-        sidebar_width=300,
+        sidebar_width=230,
     )
     created = o["created_at"].strftime("%Y-%m-%d %H:%M UTC") if o["created_at"] else "–"
     page.sidebar.append(_md(

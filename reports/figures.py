@@ -22,8 +22,8 @@ TARGET_COLOR = "#d62728"
 EQUILIBRIUM_COLOR = "#222222"
 MEAN_COLOR = "#1f77b4"
 HUMAN_COLOR = "#2ca02c"
-FIGURE_HEIGHT = 280
-SMALL_WIDTH = 360
+FIGURE_HEIGHT = 270
+SMALL_WIDTH = 330
 WIDE_WIDTH = 760
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save,hover"
 TABLE_CSS = """
@@ -52,20 +52,32 @@ def table(frame: pl.DataFrame, columns: dict[str, str], digits: int = 2) -> pn.p
                              stylesheets=[TABLE_CSS])
 
 
-def _figure(title: str, width: int = SMALL_WIDTH, height: int = FIGURE_HEIGHT, **kwargs) -> figure:
-    p = figure(title=title, width=width, height=height, tools=TOOLS, toolbar_location="right", **kwargs)
+def _figure(title: str, width: int = SMALL_WIDTH, height: int = FIGURE_HEIGHT, legend: bool = False, **kwargs) -> figure:
+    """A figure; with ``legend`` its legend sits right of the plot, never over the data."""
+    # Fixed frame sizes: the plotting area stays the same whatever the legend needs.
+    p = figure(title=title, frame_width=width - 60, frame_height=height - 70, tools=TOOLS,
+               toolbar_location="right", **kwargs)
     p.toolbar.autohide = True
+    if legend:
+        # Added before any glyph, so every legend_label lands in this legend.
+        p.add_layout(Legend(label_text_font_size="9pt", click_policy="hide", border_line_alpha=0), "right")
     p.title.text_font_size = "12pt"
     p.xgrid.grid_line_alpha = 0.3
     p.ygrid.grid_line_alpha = 0.3
     return p
 
 
-def _outside_legend(p: figure) -> None:
-    if p.legend:
-        p.legend.click_policy = "hide"
-        p.legend.label_text_font_size = "9pt"
-        p.legend.background_fill_alpha = 0.7
+def _fit_y(p: figure, low: np.ndarray, high: np.ndarray, floor: float | None = None) -> None:
+    """Y range over every interval (whiskers do not take part in Bokeh's auto-range)."""
+    lo, hi = float(np.nanmin(low)), float(np.nanmax(high))
+    pad = max((hi - lo) * 0.08, 0.5)
+    p.y_range.start = lo - pad if floor is None else max(floor, lo - pad)
+    p.y_range.end = hi + pad
+
+
+def _short(source: str) -> str:
+    """"Nagel (1995), AER 85(5), p = 2/3" → "Nagel (1995)"."""
+    return source.split(",")[0]
 
 
 def _vline(p: figure, x: float, top: float, color: str, dash: str, label: str) -> None:
@@ -82,7 +94,8 @@ class RoundHistogram(pn.viewable.Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         s = self.summary
-        p = _figure(f"Round {s['round']}: guesses (n = {s['n_valid']:,} valid)", x_range=(self.rule["low"], self.rule["high"]))
+        p = _figure(f"Round {s['round']}: guesses (n = {s['n_valid']:,} valid)", legend=True,
+                    x_range=(self.rule["low"], self.rule["high"]))
         top = float(self.bins["n"].max() or 1) * 1.08
         p.quad(left=self.bins["bin_low"].to_numpy(), right=self.bins["bin_high"].to_numpy(), bottom=0,
                top=self.bins["n"].to_numpy(), fill_color=BAR_COLOR, line_color="white", fill_alpha=0.85)
@@ -92,11 +105,10 @@ class RoundHistogram(pn.viewable.Viewer):
             _vline(p, s["mean"], top, MEAN_COLOR, "dotted", f"mean {fmt(s['mean'])}")
         _vline(p, self.rule["equilibrium"], top, EQUILIBRIUM_COLOR, "dashed", f"equilibrium {fmt(self.rule['equilibrium'])}")
         for ref in self.reference.filter(pl.col("round") == s["round"]).iter_rows(named=True):
-            _vline(p, ref["mean"], top, HUMAN_COLOR, "dashdot", f"humans: mean {fmt(ref['mean'])} ({ref['source'].split(',')[0]})")
+            _vline(p, ref["mean"], top, HUMAN_COLOR, "dashdot", f"humans, {_short(ref['source'])}: mean {fmt(ref['mean'])}")
         p.xaxis.axis_label = "guess"
         p.yaxis.axis_label = "agents"
         p.y_range.start = 0
-        _outside_legend(p)
         return pn.pane.Bokeh(p)
 
 
@@ -109,7 +121,8 @@ class Convergence(pn.viewable.Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         r = self.rounds
-        p = _figure(f"Convergence across rounds: {self.label}", width=WIDE_WIDTH - 200, y_range=(self.rule["low"], self.rule["high"]))
+        p = _figure(f"Convergence across rounds: {self.label}", width=WIDE_WIDTH - 260, legend=True,
+                    y_range=(self.rule["low"], self.rule["high"]))
         x = r["round"].to_numpy()
         for column, color, dash, label in [
             ("mean", MEAN_COLOR, "solid", "mean"),
@@ -124,13 +137,10 @@ class Convergence(pn.viewable.Viewer):
                line_dash="dashed", line_width=2, legend_label=f"equilibrium {fmt(self.rule['equilibrium'])}")
         for ref in self.reference.iter_rows(named=True):
             p.scatter([ref["round"]], [ref["mean"]], marker="star", size=16, color=HUMAN_COLOR,
-                      legend_label=f"humans, round {ref['round']} mean {fmt(ref['mean'])} ({ref['source'].split(',')[0]})")
+                      legend_label=f"humans, {_short(ref['source'])}: round {ref['round']} mean {fmt(ref['mean'])}")
         p.xaxis.ticker = list(x)
         p.xaxis.axis_label = "round"
         p.yaxis.axis_label = "guess"
-        p.add_layout(Legend(), "right")
-        p.legend.location = "top_right"
-        _outside_legend(p)
         return pn.pane.Bokeh(p)
 
 
@@ -143,7 +153,7 @@ class CompareByRound(pn.viewable.Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         groups = self.stats[self.key].unique(maintain_order=True).to_list()
-        p = _figure(self.title, width=WIDE_WIDTH)
+        p = _figure(self.title, width=WIDE_WIDTH - 160, legend=True)
         width = 0.6 / max(len(groups), 1)
         for i, group in enumerate(groups):
             color = ARM_COLORS[i % len(ARM_COLORS)]
@@ -154,10 +164,11 @@ class CompareByRound(pn.viewable.Viewer):
             p.line("x", "mean", source=source, color=color, line_width=2, legend_label=str(group))
             p.scatter("x", "mean", source=source, color=color, size=8, legend_label=str(group))
             p.add_layout(Whisker(source=source, base="x", lower="low", upper="high", line_color=color))
+        _fit_y(p, self.stats["ci95_low"].fill_null(self.stats["mean"]).to_numpy(),
+               self.stats["ci95_high"].fill_null(self.stats["mean"]).to_numpy())
         p.xaxis.ticker = sorted(self.stats["round"].unique().to_list())
         p.xaxis.axis_label = "round"
         p.yaxis.axis_label = "mean guess (95 % CI)"
-        _outside_legend(p)
         return pn.pane.Bokeh(p)
 
 
@@ -173,7 +184,7 @@ class ByAttribute(pn.viewable.Viewer):
         values = sorted(s["value"].unique().to_list())
         arms = sorted(s["arm"].unique().to_list())
         p = _figure(f"Mean guess by {self.attribute.replace('_', ' ')} (round {self.round}, 95 % CI)",
-                    width=SMALL_WIDTH + 120, x_range=(-0.5, len(values) - 0.5))
+                    width=SMALL_WIDTH, legend=True, x_range=(-0.5, len(values) - 0.5))
         width = 0.7 / max(len(arms), 1)
         position = {v: i for i, v in enumerate(values)}
         for j, arm in enumerate(arms):
@@ -185,11 +196,12 @@ class ByAttribute(pn.viewable.Viewer):
                                        "high": a["ci95_high"].fill_null(a["mean"]).to_numpy()})
             p.scatter("x", "mean", source=source, color=color, size=9, legend_label=self.labels.get(arm, f"arm {arm}"))
             p.add_layout(Whisker(source=source, base="x", lower="low", upper="high", line_color=color))
+        if s.height:
+            _fit_y(p, s["ci95_low"].fill_null(s["mean"]).to_numpy(), s["ci95_high"].fill_null(s["mean"]).to_numpy())
         p.xaxis.ticker = list(range(len(values)))
         p.xaxis.major_label_overrides = {i: v for i, v in enumerate(values)}
         p.xaxis.major_label_orientation = 0.5 if max((len(v) for v in values), default=0) > 8 else 0
         p.yaxis.axis_label = "mean guess"
-        _outside_legend(p)
         return pn.pane.Bokeh(p)
 
 

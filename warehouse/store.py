@@ -25,6 +25,9 @@ from warehouse.views import ensure_views, stale_views
 #: Column order of the guesses table.
 GUESS_COLUMNS = list(Guesses.to_schema().columns)
 
+#: The oldest DuckDB release that must read a new warehouse file (the stock CLI on PyPI).
+STORAGE_COMPATIBILITY = "v1.4.0"
+
 _LOCK_MARKERS = ("Could not set lock", "Conflicting lock", "database is locked", "being used by another process")
 
 
@@ -76,7 +79,10 @@ class Warehouse:
         delay = 0.02
         while True:
             try:
-                return duckdb.connect(str(self.path), read_only=read_only)
+                # New files are written in a storage format DuckDB 1.4+ reads, so the stock
+                # `duckdb` CLI opens them too; existing files keep the format they have.
+                config = {} if self.path.exists() else {"storage_compatibility_version": STORAGE_COMPATIBILITY}
+                return duckdb.connect(str(self.path), read_only=read_only, config=config)
             except duckdb.IOException as exc:
                 message = str(exc)
                 if any(m in message for m in _LOCK_MARKERS) and time.monotonic() < deadline:

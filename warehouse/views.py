@@ -148,7 +148,7 @@ def _static_views() -> dict[str, tuple[str, str]]:
                        a.low + (b.bin + 1) * (a.high - a.low) / 50 AS bin_high,
                        count(*) AS n
                 FROM guesses g JOIN ({_ARM}) a USING (run_id),
-                     LATERAL (SELECT least(floor((g.guess - a.low) / (a.high - a.low) * 50), 49)::INTEGER AS bin) b
+                     LATERAL (SELECT least(floor((g.guess - a.low) * 50 / (a.high - a.low)), 49)::INTEGER AS bin) b
                 WHERE g.valid GROUP BY ALL""",
         ),
         "human_reference": (

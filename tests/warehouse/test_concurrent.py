@@ -25,7 +25,8 @@ def test_sql_readers_run_while_an_experiment_writes(tmp_path):
          "--set", "arms.engines.0.latency_s=0.05", "--set", "arms.engines.0.concurrency=50", "--set", "report.enabled=false"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # the writer starts its own temporary Prefect API; on a busy machine that takes a while
-        env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"},
+        env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+             "RAY_ADDRESS": "local"},
     )
     counts: list[int] = []
     failures: list[str] = []

@@ -66,7 +66,6 @@ def overview(data: ReportData) -> list[pn.viewable.Viewable]:
     if attributes:
         items += [_md(f"### Population ({o['population']:,} agents)"),
                   pn.FlexBox(*[Composition(data.composition, a) for a in attributes])]
-    items += [_md("### Config"), config_block(o["config"])]
     return items
 
 
@@ -121,7 +120,8 @@ def answers_and_cost(data: ReportData) -> list[pn.viewable.Viewable]:
         n=pl.col("n").sum(), n_invalid=pl.col("n_invalid").sum()).with_columns(invalid_rate=pl.col("n_invalid") / pl.col("n"))
     items: list[pn.viewable.Viewable] = [
         _md("## Answers and cost"),
-        BarsByArm(invalid, "invalid_rate", "Invalid answers by arm (all rounds)", "% of answers", labels, scale=100),
+        BarsByArm(invalid, "invalid_rate", "Invalid answers by arm (all rounds)"
+                  + ("" if invalid["n_invalid"].sum() else ": none"), "% of answers", labels, scale=100),
     ]
     if data.invalid_reasons.height:
         items += [_md("Why answers were invalid:"),
@@ -168,5 +168,6 @@ def build_page(data: ReportData, title: str | None = None) -> pn.template.BaseTe
     for arm in data.arms["arm"].to_list():
         main += arm_section(data, arm)
     main += comparisons(data) + answers_and_cost(data) + references(data)
+    main += [_md("## Config"), config_block(o["config"])]
     page.main.append(pn.Column(*main, sizing_mode="stretch_width"))
     return page

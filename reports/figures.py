@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import panel as pn
 import polars as pl
+import yaml
 from bokeh.models import ColumnDataSource, Legend, Whisker
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
@@ -55,9 +56,9 @@ def table(frame: pl.DataFrame, columns: dict[str, str], digits: int = 2) -> pn.p
 def _figure(title: str, width: int = SMALL_WIDTH, height: int = FIGURE_HEIGHT, legend: bool = False, **kwargs) -> figure:
     """A figure; with ``legend`` its legend sits right of the plot, never over the data."""
     # Fixed frame sizes: the plotting area stays the same whatever the legend needs.
+    # No toolbar drawn (it crowds titles and legends); hover, pan and wheel zoom still work.
     p = figure(title=title, frame_width=width - 60, frame_height=height - 70, tools=TOOLS,
-               toolbar_location="right", **kwargs)
-    p.toolbar.autohide = True
+               toolbar_location=None, **kwargs)
     if legend:
         # Added before any glyph, so every legend_label lands in this legend.
         p.add_layout(Legend(label_text_font_size="9pt", click_policy="hide", border_line_alpha=0), "right")
@@ -108,6 +109,7 @@ class RoundHistogram(pn.viewable.Viewer):
             _vline(p, ref["mean"], top, HUMAN_COLOR, "dashdot", f"humans, {_short(ref['source'])}: mean {fmt(ref['mean'])}")
         p.xaxis.axis_label = "guess"
         p.yaxis.axis_label = "agents"
+        p.yaxis.ticker.min_interval = 1  # counts are whole agents
         p.y_range.start = 0
         return pn.pane.Bokeh(p)
 
@@ -153,7 +155,9 @@ class CompareByRound(pn.viewable.Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         groups = self.stats[self.key].unique(maintain_order=True).to_list()
-        p = _figure(self.title, width=WIDE_WIDTH - 160, legend=True)
+        rounds = sorted(self.stats["round"].unique().to_list())
+        # An explicit x range: the dodged points and whiskers all stay inside the frame.
+        p = _figure(self.title, width=WIDE_WIDTH - 160, legend=True, x_range=(min(rounds) - 0.5, max(rounds) + 0.5))
         width = 0.6 / max(len(groups), 1)
         for i, group in enumerate(groups):
             color = ARM_COLORS[i % len(ARM_COLORS)]
@@ -166,7 +170,7 @@ class CompareByRound(pn.viewable.Viewer):
             p.add_layout(Whisker(source=source, base="x", lower="low", upper="high", line_color=color))
         _fit_y(p, self.stats["ci95_low"].fill_null(self.stats["mean"]).to_numpy(),
                self.stats["ci95_high"].fill_null(self.stats["mean"]).to_numpy())
-        p.xaxis.ticker = sorted(self.stats["round"].unique().to_list())
+        p.xaxis.ticker = rounds
         p.xaxis.axis_label = "round"
         p.yaxis.axis_label = "mean guess (95 % CI)"
         return pn.pane.Bokeh(p)
@@ -241,6 +245,6 @@ class BarsByArm(pn.viewable.Viewer):
 
 
 def config_block(config: Any) -> pn.pane.Markdown:
-    """The experiment's stored config, pretty-printed."""
-    text = json.dumps(json.loads(config) if isinstance(config, str) else config, indent=2)
-    return pn.pane.Markdown(f"```json\n{text}\n```", sizing_mode="stretch_width")
+    """The experiment's stored config as YAML (the format it was written in)."""
+    text = yaml.safe_dump(json.loads(config) if isinstance(config, str) else config, sort_keys=False, width=100)
+    return pn.pane.Markdown(f"```yaml\n{text}```", sizing_mode="stretch_width")

@@ -26,6 +26,7 @@ HUMAN_COLOR = "#2ca02c"
 FIGURE_HEIGHT = 270
 SMALL_WIDTH = 330
 WIDE_WIDTH = 760
+LEGEND_WIDTH = 210
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save,hover"
 TABLE_CSS = """
 table { border-collapse: collapse; font-size: 13px; }
@@ -57,7 +58,8 @@ def _figure(title: str, width: int = SMALL_WIDTH, height: int = FIGURE_HEIGHT, l
     """A figure; with ``legend`` its legend sits right of the plot, never over the data."""
     # Fixed frame sizes: the plotting area stays the same whatever the legend needs.
     # No toolbar drawn (it crowds titles and legends); hover, pan and wheel zoom still work.
-    p = figure(title=title, frame_width=width - 60, frame_height=height - 70, tools=TOOLS,
+    # A legend gets its own width beside the plot.
+    p = figure(title=title, width=width + (LEGEND_WIDTH if legend else 0), height=height, tools=TOOLS,
                toolbar_location=None, **kwargs)
     if legend:
         # Added before any glyph, so every legend_label lands in this legend.
@@ -123,7 +125,7 @@ class Convergence(pn.viewable.Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         r = self.rounds
-        p = _figure(f"Convergence across rounds: {self.label}", width=WIDE_WIDTH - 260, legend=True,
+        p = _figure(f"Convergence across rounds: {self.label}", width=WIDE_WIDTH - 160, legend=True,
                     y_range=(self.rule["low"], self.rule["high"]))
         x = r["round"].to_numpy()
         for column, color, dash, label in [

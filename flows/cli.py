@@ -93,8 +93,10 @@ def run(
             ray.shutdown()
     console.print(
         f"done: {summary['rounds_played']} round(s) played, {summary['rows_written']:,} guesses written. "
-        f"Query them: keynes sql --db {cfg.db} \"select * from rounds\"", highlight=False,
+        f"Query them: keynes sql --db {cfg.db} \"select * from round_summary\"", highlight=False,
     )
+    if summary.get("report"):
+        console.print(f"report: {summary['report']}", highlight=False)
 
 
 @app.command()
@@ -201,6 +203,65 @@ def personas(
         pid = population_id(population, n, seed, settings)
         what = f"stored {stored:,} personas" if stored else "already stored"
         console.print(f"{what} as {pid!r} in {db}. Query them: keynes sql --db {db} \"select * from personas where experiment_id = '{pid}'\"", highlight=False)
+
+
+@app.command()
+def report(
+    db: Annotated[Path, typer.Option("--db", help="The DuckDB warehouse.")] = Path("keynes.duckdb"),
+    experiment: Annotated[Optional[str], typer.Option("--experiment", help="An experiment name (its newest run) or id; default: every experiment.")] = None,
+    out_: Annotated[Path, typer.Option("--out", help="The HTML file (one per experiment: <stem>-<experiment id>.html when there are several).")] = Path("report.html"),
+    serve: Annotated[bool, typer.Option("--serve", help="Serve live pages on 127.0.0.1 instead of writing a file.")] = False,
+    port: Annotated[int, typer.Option("--port", help="The port of --serve.")] = 5006,
+) -> None:
+    """Build the report page of an experiment: one offline HTML file, or live pages.
+
+    Example: keynes report --db keynes.duckdb --experiment quickstart --out report.html
+    """
+    from reports.data import ExperimentNotFound
+    from warehouse.store import WarehouseError
+
+    if not db.exists():
+        fail(f"--db: {str(db)!r} does not exist")
+    try:
+        if serve:
+            from reports.export import serve as serve_pages
+
+            console.print(f"serving on http://127.0.0.1:{port}/ (Ctrl-C stops)", highlight=False)
+            serve_pages(db, experiment, port=port)
+            return
+        if not out_.parent.exists():
+            fail(f"--out: directory {str(out_.parent)!r} does not exist")
+        from reports.export import write_reports
+
+        for path in write_reports(db, out_, experiment):
+            out.print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)", highlight=False)
+    except (ExperimentNotFound, WarehouseError) as exc:
+        fail(str(exc).strip("'\""))
+
+
+@app.command("export")
+def export_tables(
+    directory: Annotated[Path, typer.Argument(help="The folder to write (created if missing).")],
+    db: Annotated[Path, typer.Option("--db", help="The DuckDB warehouse.")] = Path("keynes.duckdb"),
+    format_: Annotated[str, typer.Option("--format", help="File format: parquet or csv.")] = "parquet",
+    views: Annotated[bool, typer.Option("--views/--no-views", help="Also write every named view.")] = False,
+) -> None:
+    """Write every table of the warehouse to DIRECTORY, one file per table (read-only).
+
+    Example: keynes export --format parquet out/
+    """
+    from warehouse.export import FORMATS, export
+    from warehouse.store import Warehouse, WarehouseError
+
+    if format_ not in FORMATS:
+        fail(f"--format: {format_!r} is not one of {', '.join(FORMATS)}")
+    if not db.exists():
+        fail(f"--db: {str(db)!r} does not exist")
+    try:
+        for item in export(Warehouse(db), directory, format_, views=views):
+            out.print(f"{item.path}  {item.rows:,} rows", highlight=False)
+    except WarehouseError as exc:
+        fail(str(exc))
 
 
 @app.command("config")

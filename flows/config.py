@@ -140,6 +140,13 @@ class WorkersConfig(Strict):
     dashboard: bool = Field(False, description="Start the Ray dashboard with a local Ray.")
 
 
+class ReportConfig(Strict):
+    """The report page built after the last round (stage 5)."""
+
+    enabled: bool = Field(True, description="Build the offline HTML report when the experiment finishes.")
+    out: str | None = Field(None, description="The report file; none means <experiment name>-report.html next to the database.")
+
+
 class ExperimentConfig(Strict):
     """A keynes experiment."""
 
@@ -151,6 +158,7 @@ class ExperimentConfig(Strict):
     groups: Groups | None = Field(None, description="Split the population into groups that each play their own game: {by: attribute} or {rooms: k}.")
     workers: WorkersConfig = Field(default_factory=WorkersConfig, description="Where agents play.")
     db: str = Field("keynes.duckdb", description="The DuckDB warehouse file.")
+    report: ReportConfig = Field(default_factory=ReportConfig, description="The report page.")
 
     @model_validator(mode="after")
     def _population_exists(self) -> "ExperimentConfig":
@@ -168,12 +176,17 @@ class ExperimentConfig(Strict):
     @property
     def config_hash(self) -> str:
         """A hash of everything that decides results (not where they are stored or computed)."""
-        data = self.model_dump(mode="json", exclude={"db", "workers"})
+        data = self.model_dump(mode="json", exclude={"db", "workers", "report"})
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
     def experiment_id(self) -> str:
         return f"{self.name}-{self.config_hash[:8]}"
+
+    @property
+    def report_path(self) -> str:
+        """Where the report page goes: ``report.out``, else next to the database."""
+        return self.report.out or str(Path(self.db).with_name(f"{self.name}-report.html"))
 
     def arms_list(self) -> list[Arm]:
         """Every arm: engines × prompt modes × games × temperatures, in a stable order.

@@ -19,6 +19,7 @@ from flows.config import ConfigError, ExperimentConfig, load_config
 from tasks.environment import group_outcomes, outcome
 from tasks.personas import personas_stage
 from tasks.play import Arm, ensure_ray, play_round, shutdown_pools
+from tasks.report import report_stage
 from tasks.store import load_round, store_outcome
 from tasks.worker import check_prompt_inputs
 from warehouse.store import Warehouse
@@ -108,6 +109,14 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     finally:
         shutdown_pools()
     warehouse.finish_experiment(cfg.experiment_id)
+    summary["report"] = None
+    if cfg.report.enabled:
+        state = report_stage(str(cfg.db), cfg.experiment_id, cfg.report_path, return_state=True)
+        if state.is_completed():
+            summary["report"] = state.result()
+            logger.info("report: %s", summary["report"])
+        else:  # the guesses are stored; `keynes report` can build the page later
+            logger.error("report failed: %s", state.message)
     logger.info(
         "experiment %s: %d arm(s), %d round(s) played, %d guesses written to %s",
         cfg.experiment_id, len(arms), summary["rounds_played"], summary["rows_written"], cfg.db,

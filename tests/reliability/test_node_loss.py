@@ -28,6 +28,8 @@ def test_node_removed_mid_round_loses_and_duplicates_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     n, n_shards = r["n"], r["shards"]
+    print(json.dumps({k: v for k, v in r.items() if k != "commits"}, indent=1))
+    print([(c["shard"], c["node"][:8], c["worker"], round(c["t"] - r["removed"]["at"], 2)) for c in r["commits"]])
 
     # The node really went away mid-round, taking one actor's process with it.
     assert 3 <= r["removed"]["after_commits"] < n_shards
@@ -35,7 +37,9 @@ def test_node_removed_mid_round_loses_and_duplicates_nothing(tmp_path):
     assert r["before"][0]["node"] == r["victim_node"] and r["before"][1]["node"] != r["victim_node"]
     # The actor was restarted on the surviving node and played there.
     assert r["after"][0]["node"] != r["victim_node"] and r["after"][0]["pid"] != r["before"][0]["pid"]
-    late = [c for c in r["commits"] if c["t"] > r["removed"]["at"] + 0.05]
+    assert r["after"][0]["worker"] in {c["worker"] for c in r["commits"]}
+    # Results that arrive well after the removal all come from the surviving node.
+    late = [c for c in r["commits"] if c["t"] > r["removed"]["at"] + 1.0]
     assert late and all(c["node"] != r["victim_node"] for c in late)
     # Each shard committed once, with all its agents; nothing redone, nothing lost.
     assert sorted(c["shard"] for c in r["commits"]) == list(range(n_shards))

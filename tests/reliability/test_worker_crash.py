@@ -31,8 +31,9 @@ class CountingWarehouse(Warehouse):
         self.commits: list[tuple[int, int, int, float]] = []
 
     def write_shard(self, guesses, shard):
+        arrived = time.monotonic()  # when the driver got the shard's result
         written = super().write_shard(guesses, shard)
-        self.commits.append((shard["shard"], written, guesses.height, time.monotonic()))
+        self.commits.append((shard["shard"], written, guesses.height, arrived))
         return written
 
 
@@ -88,6 +89,8 @@ def test_actor_killed_mid_round_loses_and_duplicates_nothing(how, db, local_ray)
     victim_worker = before[0]["worker"]
     new_worker = after[0]["worker"]
     assert new_worker in set(workers["worker"])
-    late = [s for s, _, _, t in warehouse.commits if t > killed["at"] + 0.05]
+    # Results that arrive well after the kill all come from live processes.
+    late = [s for s, _, _, t in warehouse.commits if t > killed["at"] + 1.0]
+    assert late
     late_workers = set(workers.filter(pl.col("shard").is_in(late))["worker"])
     assert victim_worker not in late_workers

@@ -64,6 +64,22 @@ class PopulationConfig(Strict):
             data["sampling"] = self.sampling
         return PopulationSpec.model_validate(data) if base is None or self.sampling else base
 
+    @model_validator(mode="after")
+    def _spec_loads(self) -> "PopulationConfig":
+        # Errors in inline attributes keep their path (population.attributes.…); a spec
+        # file's errors name the file.
+        try:
+            self.load()
+        except FileNotFoundError:
+            raise ValueError(f"spec {self.spec!r} not found (neither a file nor a name in populations/)") from None
+        except ValidationError as exc:
+            if self.attributes is not None:
+                raise
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in error["loc"])
+            raise ValueError(f"spec {self.spec!r}: {where}: {error['msg'].removeprefix('Value error, ')}") from None
+        return self
+
 
 class ArmsConfig(Strict):
     """The arms of the experiment: every combination of engine × prompt mode × temperature."""
@@ -113,11 +129,6 @@ class ExperimentConfig(Strict):
     arms: ArmsConfig = Field(default_factory=ArmsConfig, description="What is compared.")
     workers: WorkersConfig = Field(default_factory=WorkersConfig, description="Where agents play.")
     db: str = Field("keynes.duckdb", description="The DuckDB warehouse file.")
-
-    @model_validator(mode="after")
-    def _population_exists(self) -> "ExperimentConfig":
-        self.population.load()
-        return self
 
     @property
     def config_hash(self) -> str:

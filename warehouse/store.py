@@ -9,6 +9,8 @@ or round twice changes nothing.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +20,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from warehouse.schema import migrate
+from warehouse.schema import SchemaError, check_schema, migrate
 from warehouse.validation import Guesses, Personas
 
 #: Column order of the guesses table.
@@ -36,12 +38,14 @@ class Warehouse:
 
     Args:
         path: the database file; its directory must exist.
-        lock_timeout_s: how long to wait for another process that holds the file.
+        lock_timeout_s: how long to wait for another process that holds the file
+            (default: ``KEYNES_LOCK_TIMEOUT_S`` or 60 s).
     """
 
-    def __init__(self, path: str | Path, lock_timeout_s: float = 60.0):
+    def __init__(self, path: str | Path, lock_timeout_s: float | None = None):
         self.path = Path(path)
-        self.lock_timeout_s = lock_timeout_s
+        # KEYNES_LOCK_TIMEOUT_S sets the default (tests and impatient users shorten it).
+        self.lock_timeout_s = float(os.environ.get("KEYNES_LOCK_TIMEOUT_S", 60)) if lock_timeout_s is None else lock_timeout_s
 
     # ------------------------------------------------------------------ connections
     @contextmanager
@@ -51,6 +55,43 @@ class Warehouse:
             raise WarehouseError(f"{self.path}: no such warehouse (run an experiment first)")
         if not read_only and not self.path.parent.is_dir():
             raise WarehouseError(f"{self.path}: directory {str(self.path.parent)!r} does not exist")
+        con = self._open(read_only)
+        try:
+            if not read_only:
+                migrate(con)
+            yield con
+        finally:
+            con.close()
+
+    def check_writable(self) -> None:
+        """Fail early, writing nothing, when a run could not write this warehouse: a missing
+        or unwritable directory, a file held by another writer (after the lock timeout), a
+        file that is not a keynes warehouse or is newer than this keynes.
+
+        Raises:
+            WarehouseError: one line naming the file and the problem.
+        """
+        parent = self.path.parent
+        if not parent.is_dir():
+            raise WarehouseError(f"{self.path}: directory {str(parent)!r} does not exist")
+        try:  # os.access() says yes to root even on read-only file systems: really try
+            with tempfile.TemporaryFile(dir=parent):
+                pass
+        except OSError as exc:
+            raise WarehouseError(f"{self.path}: directory {str(parent)!r} is not writable ({exc.strerror})") from None
+        if self.path.is_dir():
+            raise WarehouseError(f"{self.path}: is a directory, not a warehouse file")
+        if self.path.exists():
+            con = self._open(read_only=False)
+            try:
+                check_schema(con)
+            except SchemaError as exc:
+                raise WarehouseError(f"{self.path}: {exc}") from None
+            finally:
+                con.close()
+
+    def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        """Open the file, waiting up to the lock timeout while another process holds it."""
         deadline = time.monotonic() + self.lock_timeout_s
         delay = 0.02
         while True:
@@ -66,12 +107,7 @@ class Warehouse:
                 if any(m in message for m in _LOCK_MARKERS):
                     raise WarehouseError(f"{self.path}: held by another process for over {self.lock_timeout_s:g} s") from exc
                 raise WarehouseError(f"{self.path}: {message.splitlines()[0]}") from exc
-        try:
-            if not read_only:
-                migrate(con)
-            yield con
-        finally:
-            con.close()
+        return con
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

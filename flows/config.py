@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from populations.spec import PopulationSpec, load_spec
 from prompts.modes import MODES
 from tasks import engines
+from tasks.engines.mixture import MixtureSpec
 from tasks.environment import GameRule, parse_fraction
 from tasks.play import Arm
 
@@ -29,9 +30,8 @@ class ConfigError(ValueError):
 
 
 def _engine_union() -> Any:
-    classes = tuple(engines.spec_class(kind) for kind in engines.available())
-    if len(classes) == 1:
-        return classes[0]
+    # Every registered engine, plus a mixture of them (several engines in one game).
+    classes = tuple(engines.spec_class(kind) for kind in engines.available()) + (MixtureSpec,)
     return Annotated[Union[classes], Field(discriminator="kind")]
 
 
@@ -86,7 +86,8 @@ class ArmsConfig(Strict):
 
     engines: list[EngineConfig] = Field(  # type: ignore[valid-type]
         default_factory=lambda: [engines.spec_class("simulated")()],
-        description="Engines, each a mapping with `kind:` (llamacpp, openai, simulated, vllm) and its settings.",
+        description="Engines, each a mapping with `kind:` (llamacpp, openai, simulated, vllm) and its settings; "
+        "`kind: mixture` with `components: [{engine: {...}, fraction: 0.5}, ...]` plays several engines in one game.",
     )
     prompts: list[str] = Field(["basic"], min_length=1, description=f"Prompt modes: {', '.join(MODES)}.")
     temperatures: list[float] = Field([0.7], min_length=1, description="Sampling temperatures.")
@@ -229,7 +230,8 @@ def format_error(exc: ValidationError, data: Any = None) -> str:
     error = exc.errors(include_url=False)[0]
     loc = [str(p) for p in error["loc"]]
     # A discriminated union puts the engine kind in the path: drop it.
-    loc = [p for i, p in enumerate(loc) if not (i > 0 and loc[i - 1].isdigit() and p in engines.available())]
+    kinds = [*engines.available(), "mixture"]
+    loc = [p for i, p in enumerate(loc) if not (i > 0 and (loc[i - 1].isdigit() or loc[i - 1] == "engine") and p in kinds)]
     path = ".".join(loc) or "config"
     value = error.get("input")
     kind = error["type"]

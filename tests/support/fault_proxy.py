@@ -15,6 +15,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -44,6 +45,7 @@ class Event:
     action: Action
     status: int | None  # the HTTP status sent to the client; None for a reset or a client that left
     body: dict = field(repr=False, default_factory=dict)
+    at: float = 0.0  # time.monotonic() when the request arrived
 
 
 class FaultProxy:
@@ -108,7 +110,7 @@ class FaultProxy:
                     payload = {}
                 n = next(self._counter)
                 action = self.schedule(n, payload) if path.endswith("completions") else "pass"
-                event = Event(n, path, action, None, payload)
+                event = Event(n, path, action, None, payload, time.monotonic())
                 self.events.append(event)
                 if action == "reset":
                     _reset(writer)

@@ -76,7 +76,7 @@ MALFORMED = {6: "I think 42 or 43", 7: "none", 8: "150"}  # the server "ignores"
 
 
 @pytest.fixture(scope="module")
-def faulty_round(server, tmp_path_factory, prefect_api, local_ray):
+def faulty_round(prefect_api, local_ray, server, tmp_path_factory):
     """One round of N Gemma agents through the proxy, each agent with its own fault."""
     from flows.experiment import experiment
 

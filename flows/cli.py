@@ -64,13 +64,14 @@ def run(
     Example: keynes run experiments/quickstart.yaml --set population.size=1000 --set game.rounds=2
     """
     from flows.config import ConfigError, load_config
-    from warehouse.store import WarehouseError
+    from warehouse.store import Warehouse, WarehouseError
 
     overrides = list(set_ or []) + ([f"db={db}"] if db else [])
     try:
         cfg = load_config(config, overrides)
-        _check_db(Path(cfg.db))
-    except ConfigError as exc:
+        # Before anything starts: a run that cannot write its warehouse writes nothing.
+        Warehouse(cfg.db).check_writable()
+    except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
     from flows.experiment import experiment
     from tasks import progress as progress_hooks
@@ -285,15 +286,6 @@ def config_reference() -> None:
                 out.print(f"[bold]{prefix}{name}[/]: {field.description}{default}", highlight=False)
 
     walk(ExperimentConfig)
-
-
-def _check_db(path: Path) -> None:
-    from flows.config import ConfigError
-
-    if not path.parent.exists():
-        raise ConfigError(f"db: directory {str(path.parent)!r} of {str(path)!r} does not exist")
-    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(f"db: {str(path)!r} is not writable")
 
 
 def main() -> None:

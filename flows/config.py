@@ -70,6 +70,22 @@ class PopulationConfig(Strict):
             data["sampling"] = self.sampling
         return parse_spec(data, "population") if base is None or self.sampling else base
 
+    @model_validator(mode="after")
+    def _spec_loads(self) -> "PopulationConfig":
+        # Errors in inline attributes keep their path (population.attributes.…); a spec
+        # file's errors name the file.
+        try:
+            self.load()
+        except FileNotFoundError:
+            raise ValueError(f"spec {self.spec!r} not found (neither a file nor a name in populations/)") from None
+        except ValidationError as exc:
+            if self.attributes is not None:
+                raise
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in error["loc"])
+            raise ValueError(f"spec {self.spec!r}: {where}: {error['msg'].removeprefix('Value error, ')}") from None
+        return self
+
 
 class CustomPrompt(Strict):
     """A user's own Jinja2 template as a prompt mode."""

@@ -11,7 +11,9 @@ os.environ.setdefault("PREFECT_HOME", _HOME)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # workers share this environment (see tasks/play.py)
+# Local Ray workers share this interpreter: do not let Ray rebuild the `uv run` environment
+# for them in a copy of the working tree (slow, and it fails when optional extras are absent).
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 from pathlib import Path
 

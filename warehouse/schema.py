@@ -166,16 +166,27 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
     return row[0] or 0
 
 
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Upgrade the schema to ``SCHEMA_VERSION`` in one transaction; return the old version."""
+def check_schema(con: duckdb.DuckDBPyConnection) -> int:
+    """The file's schema version (0 for an empty file), without writing anything.
+
+    Raises:
+        SchemaError: the file is not a keynes warehouse, or one newer than this keynes.
+    """
     tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
     if tables and "schema_version" not in tables:
         raise SchemaError(f"not a keynes warehouse: it has tables {sorted(tables)[:5]} but no schema_version")
-    version = current_version(con)
+    version = con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] or 0 if tables else 0
     if version > SCHEMA_VERSION:
         raise SchemaError(
             f"the warehouse has schema version {version}, newer than this keynes ({SCHEMA_VERSION}); upgrade keynes"
         )
+    return version
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Upgrade the schema to ``SCHEMA_VERSION`` in one transaction; return the old version."""
+    check_schema(con)
+    version = current_version(con)
     if version == SCHEMA_VERSION:
         return version
     con.execute("BEGIN TRANSACTION")

@@ -9,6 +9,8 @@ or round twice changes nothing.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +20,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from warehouse.schema import SCHEMA_VERSION, SchemaError, migrate
+from warehouse.schema import SCHEMA_VERSION, SchemaError, check_schema, migrate
 from warehouse.validation import Guesses, Personas
 from warehouse.views import ensure_views, stale_views
 
@@ -40,12 +42,14 @@ class Warehouse:
 
     Args:
         path: the database file; its directory must exist.
-        lock_timeout_s: how long to wait for another process that holds the file.
+        lock_timeout_s: how long to wait for another process that holds the file
+            (default: ``KEYNES_LOCK_TIMEOUT_S`` or 60 s).
     """
 
-    def __init__(self, path: str | Path, lock_timeout_s: float = 60.0):
+    def __init__(self, path: str | Path, lock_timeout_s: float | None = None):
         self.path = Path(path)
-        self.lock_timeout_s = lock_timeout_s
+        # KEYNES_LOCK_TIMEOUT_S sets the default (tests and impatient users shorten it).
+        self.lock_timeout_s = float(os.environ.get("KEYNES_LOCK_TIMEOUT_S", 60)) if lock_timeout_s is None else lock_timeout_s
 
     # ------------------------------------------------------------------ connections
     @contextmanager
@@ -74,8 +78,38 @@ class Warehouse:
         finally:
             con.close()
 
-    def _open(self, read_only: bool, deadline: float) -> duckdb.DuckDBPyConnection:
-        """Connect, retrying while another process holds the file (until ``deadline``)."""
+    def check_writable(self) -> None:
+        """Fail early, writing nothing, when a run could not write this warehouse: a missing
+        or unwritable directory, a file held by another writer (after the lock timeout), a
+        file that is not a keynes warehouse or is newer than this keynes.
+
+        Raises:
+            WarehouseError: one line naming the file and the problem.
+        """
+        parent = self.path.parent
+        if not parent.is_dir():
+            raise WarehouseError(f"{self.path}: directory {str(parent)!r} does not exist")
+        try:  # os.access() says yes to root even on read-only file systems: really try
+            with tempfile.TemporaryFile(dir=parent):
+                pass
+        except OSError as exc:
+            raise WarehouseError(f"{self.path}: directory {str(parent)!r} is not writable ({exc.strerror})") from None
+        if self.path.is_dir():
+            raise WarehouseError(f"{self.path}: is a directory, not a warehouse file")
+        if self.path.exists():
+            con = self._open(read_only=False)
+            try:
+                check_schema(con)
+            except SchemaError as exc:
+                raise WarehouseError(f"{self.path}: {exc}") from None
+            finally:
+                con.close()
+
+    def _open(self, read_only: bool, deadline: float | None = None) -> duckdb.DuckDBPyConnection:
+        """Open the file, retrying while another process holds it (until ``deadline``,
+        by default the lock timeout from now)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.lock_timeout_s
         delay = 0.02
         while True:
             try:

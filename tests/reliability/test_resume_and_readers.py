@@ -1,0 +1,206 @@
+"""Faults 3 and 7: ``keynes run`` killed with SIGKILL mid-run, then run again; readers while
+a run writes.
+
+An uninterrupted reference run is sampled by ``keynes sql`` readers as it writes (fault 7);
+a second run into another file is SIGKILLed in the middle of a round and started again with
+the same command (fault 3). The resumed experiment must equal the reference row by row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+N, ROUNDS, ARMS, SHARD = 120, 4, 2, 20
+CONFIG = {
+    "name": "resume",
+    "seed": 9,
+    "population": {"spec": "education.yaml", "size": N},
+    "game": {"ratio": "2/3", "rounds": ROUNDS},
+    # ~0.5 s per shard and phase: the run lasts ~20 s, long enough to be killed mid-round.
+    "arms": {"engines": [{"kind": "simulated", "rule": "uniform", "latency_s": 0.5}], "prompts": ["basic", "cot"]},
+    "workers": {"actors": 2, "shard_size": SHARD},
+}
+TOTAL = N * ROUNDS * ARMS
+
+# Consistency of one snapshot: shard rows and guesses are committed together, and a round's
+# outcome only after all its guesses.
+SNAPSHOT_SQL = """
+select (select count(*) from guesses) as guesses,
+       (select coalesce(sum(n), 0)::bigint from shards) as shard_agents,
+       (select count(*) from rounds) as rounds,
+       (select count(*) from rounds r left join (select run_id, round, count(*) as c from guesses group by all) g
+               using (run_id, round) where coalesce(g.c, 0) != r.n) as incomplete_rounds,
+       (select count(*) - count(distinct (run_id, round, agent_id)) from guesses) as duplicates
+"""
+
+
+def cli_env(api_url: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    env.update(RAY_ENABLE_UV_RUN_RUNTIME_ENV="0", PREFECT_LOGGING_LEVEL="WARNING")
+    if api_url:
+        env["PREFECT_API_URL"] = api_url  # the session's Prefect API: no server start per run
+    return env
+
+
+def keynes(*args: str) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", *args]
+
+
+def read(path: Path, sql: str, timeout: float = 30) -> list[tuple]:
+    """A read-only query that waits while the writer holds the file."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with duckdb.connect(str(path), read_only=True) as con:
+                return con.execute(sql).fetchall()
+        except duckdb.IOException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, prefect_api, local_ray):
+    """The config, and an environment that points ``keynes run`` at the session's Prefect
+    API and Ray cluster (joined with ``workers.ray_address``), so no run pays their start."""
+    from prefect.settings import PREFECT_API_URL
+
+    root = tmp_path_factory.mktemp("resume")
+    config = root / "resume.yaml"
+    data = dict(CONFIG, workers=dict(CONFIG["workers"], ray_address=local_ray.get_runtime_context().gcs_address))
+    config.write_text(yaml.safe_dump(data))
+    return root, config, cli_env(PREFECT_API_URL.value())
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+    """An uninterrupted run, read by ``keynes sql`` over and over while it writes."""
+    root, config, env = setup
+    db = root / "reference.duckdb"
+    start = time.monotonic()
+    writer = subprocess.Popen(keynes("run", str(config), "--db", str(db)), cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    snapshots, failures = [], []
+    try:
+        while writer.poll() is None and not db.exists():
+            time.sleep(0.1)
+        while writer.poll() is None:
+            reader = subprocess.run(keynes("sql", SNAPSHOT_SQL, "--db", str(db), "--format", "json"),
+                                    cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+            if reader.returncode != 0:
+                failures.append(reader.stderr)
+            else:
+                snapshots.append(json.loads(reader.stdout)[0])
+            time.sleep(0.5)
+        _, err = writer.communicate(timeout=600)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert writer.returncode == 0, err[-3000:]
+    return {"db": db, "snapshots": snapshots, "failures": failures, "seconds": time.monotonic() - start}
+
+
+@pytest.mark.slow
+def test_readers_see_consistent_snapshots_while_a_run_writes(reference):
+    snapshots = reference["snapshots"]
+    assert reference["failures"] == []
+    assert len(snapshots) >= 3, "the run ended before readers could sample it"
+    for s in snapshots:
+        assert s["guesses"] == s["shard_agents"] and s["incomplete_rounds"] == 0 and s["duplicates"] == 0, s
+    # Snapshots only grow, and some were taken mid-run.
+    assert [s["guesses"] for s in snapshots] == sorted(s["guesses"] for s in snapshots)
+    assert any(0 < s["guesses"] < TOTAL for s in snapshots), snapshots
+    print(f"{len(snapshots)} snapshots over {reference['seconds']:.1f} s: {[s['guesses'] for s in snapshots]}")
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+def test_sigkill_mid_round_then_rerun_finishes_exactly_like_an_uninterrupted_run(setup, reference):
+    root, config, env = setup
+    db = root / "killed.duckdb"
+    command = keynes("run", str(config), "--db", str(db))
+    victim = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Wait for round 1 of arm 0 to be committed and a later round to be part-played.
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and victim.poll() is None:
+            if db.exists():
+                ((rounds, partial),) = read(db, """select (select count(*) from rounds),
+                    (select count(*) from (select run_id, round from guesses except select run_id, round from rounds))""")
+                if rounds >= 1 and partial:
+                    break
+            time.sleep(0.05)
+        assert victim.poll() is None, "the run finished before it could be killed"
+        children = descendants(victim.pid)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    # Child processes of the killed run (none expected: Ray is the session's) must not linger.
+    time.sleep(1)
+    lingering = [p for p in children if alive(p)]
+    for p in lingering:
+        p.kill()
+    assert not lingering, [p.pid for p in lingering]
+
+    ((guesses_before, rounds_before, shards_before),) = read(
+        db, "select (select count(*) from guesses), (select count(*) from rounds), (select count(*) from shards)")
+    assert 0 < rounds_before < ROUNDS * ARMS and 0 < guesses_before < TOTAL
+    finished_before = read(db, "select run_id, round from rounds order by all")
+    shard_times_before = read(db, "select run_id, round, shard, committed_at from shards order by all")
+
+    resumed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    played, written = map(lambda s: int(s.replace(",", "")),
+                          re.search(r"done: (\d+) round\(s\) played, ([\d,]+) guesses written", resumed.stderr).groups())
+    # Finished rounds were not played again; only missing guesses were written.
+    assert played == ROUNDS * ARMS - rounds_before
+    assert written == TOTAL - guesses_before
+    kept = set(read(db, "select run_id, round, shard, committed_at from shards"))
+    assert set(shard_times_before) <= kept  # committed shards untouched
+    assert set(finished_before) <= set(read(db, "select run_id, round from rounds"))
+
+    # Exactly N × rounds × arms guesses, no duplicates, every round and run finished.
+    assert read(db, "select count(*), count(distinct (run_id, round, agent_id)) from guesses") == [(TOTAL, TOTAL)]
+    assert read(db, "select count(*), sum(n) from rounds") == [(ROUNDS * ARMS, TOTAL)]
+    assert read(db, "select count(*), sum(n) from shards") == [(ROUNDS * ARMS * (N // SHARD), TOTAL)]
+    assert read(db, "select distinct status from runs union all select distinct status from experiments") == [("completed",), ("completed",)]
+
+    # Row by row equal to the uninterrupted run with the same seed.
+    ref = reference["db"]
+    for sql in (
+        "select run_id, round, agent_id, guess, valid, raw from guesses order by run_id, round, agent_id",
+        "select run_id, round, n, n_valid, mean, median, std, target, winning_guess, n_winners from rounds order by all",
+        "select run_id, round, agent_id from winners order by all",
+        "select * exclude (experiment_id) from personas order by agent_id",
+    ):
+        assert read(db, sql) == read(ref, sql), sql
+    print(f"killed after {rounds_before} rounds / {guesses_before} guesses; resume played {played} rounds, wrote {written}")

@@ -1,0 +1,96 @@
+"""Fault 1: a Ray actor killed mid-round. The round still ends with exactly N guesses,
+the in-flight shard is replayed on the restarted actor, committed shards are not redone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import duckdb
+import polars as pl
+import pytest
+
+from populations.sampler import sample
+from populations.spec import load_spec
+from tasks.engines.simulated import SimulatedSpec
+from tasks.environment import GameRule
+from tasks.play import Arm, play_round, pool_for, shutdown_pools
+from warehouse.store import Warehouse
+
+N, SHARD, ACTORS = 400, 20, 2
+
+
+class CountingWarehouse(Warehouse):
+    """The real warehouse, remembering every shard commit (shard, rows new, rows sent)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.commits: list[tuple[int, int, int, float]] = []
+
+    def write_shard(self, guesses, shard):
+        arrived = time.monotonic()  # when the driver got the shard's result
+        written = super().write_shard(guesses, shard)
+        self.commits.append((shard["shard"], written, guesses.height, arrived))
+        return written
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "sigkill"])
+def test_actor_killed_mid_round_loses_and_duplicates_nothing(how, db, local_ray):
+    import ray
+
+    # Each shard takes ~0.6 s on the simulated engine: the round lasts ~6 s on 2 actors.
+    spec = SimulatedSpec(latency_s=0.6, num_cpus=1)
+    arm = Arm(0, "crash-arm0", spec, "basic", 0.7, GameRule(rounds=1))
+    personas = sample(load_spec("education.yaml"), N, seed=3)
+    warehouse = CountingWarehouse(db)
+    pool = pool_for(spec, ACTORS)
+    victim = pool.actors[0]
+    before = ray.get([a.where.remote() for a in pool.actors])
+    victim_pid = before[0]["pid"]
+    killed: dict[str, float] = {}
+
+    def kill_when_three_shards_are_committed() -> None:
+        deadline = time.monotonic() + 60
+        while len(warehouse.commits) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        killed["after_commits"] = len(warehouse.commits)
+        killed["at"] = time.monotonic()
+        if how == "ray.kill":
+            ray.kill(victim, no_restart=False)
+        else:
+            os.kill(victim_pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_three_shards_are_committed)
+    killer.start()
+    try:
+        played = play_round.fn(arm, 1, 11, personas, warehouse, ACTORS, SHARD)
+    finally:
+        killer.join()
+    after = ray.get([a.where.remote() for a in pool.actors])
+    shutdown_pools()
+
+    # The actor really died mid-round and came back as a new process.
+    assert 3 <= killed["after_commits"] < N // SHARD
+    assert after[0]["pid"] != victim_pid and after[1]["pid"] == before[1]["pid"]
+    # Every shard committed exactly once, each with all of its agents: nothing redone.
+    shards = [c[0] for c in warehouse.commits]
+    assert sorted(shards) == list(range(N // SHARD))
+    assert all(new == sent == SHARD for _, new, sent, _ in warehouse.commits)
+    assert played["written"] == N and played["shards"] == N // SHARD
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("select count(*), count(distinct agent_id), count(*) filter (where valid) from guesses").fetchall()
+        assert rows == [(N, N, N)]
+        assert con.execute("select count(*), sum(n) from shards").fetchall() == [(N // SHARD, N)]
+        workers = pl.from_arrow(con.sql("select shard, worker, committed_at from shards order by shard").to_arrow_table())
+    # The restarted actor (a new pid) played shards after the kill, the dead one none after it.
+    victim_worker = before[0]["worker"]
+    new_worker = after[0]["worker"]
+    assert new_worker in set(workers["worker"])
+    # Results that arrive well after the kill all come from live processes.
+    late = [s for s, _, _, t in warehouse.commits if t > killed["at"] + 1.0]
+    assert late
+    late_workers = set(workers.filter(pl.col("shard").is_in(late))["worker"])
+    assert victim_worker not in late_workers

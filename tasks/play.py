@@ -21,8 +21,9 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks import progress
+from tasks.actor import AgentWorker  # defined without Prefect so actors start fast
 from tasks.engines import EngineSpec
-from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context
+from tasks.worker import Arm, ShardJob, ShardResult, game_context
 from warehouse.store import Warehouse
 
 __all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "shutdown_pools"]
@@ -31,21 +32,6 @@ log = logging.getLogger(__name__)
 
 #: Shards in flight per actor: one playing, one queued so the actor never waits for data.
 IN_FLIGHT_PER_ACTOR = 2
-
-
-@ray.remote
-class AgentWorker:
-    """A Ray actor that owns one engine and plays shards with it."""
-
-    def __init__(self, spec: EngineSpec):
-        self.player = ShardPlayer(spec)
-        self.node = ray.get_runtime_context().get_node_id()
-
-    def play(self, job: ShardJob) -> ShardResult:
-        return self.player.play(job, node=self.node)
-
-    def where(self) -> dict[str, Any]:
-        return {"node": self.node, "worker": self.player.worker, "pid": os.getpid()}
 
 
 _RAY: dict[str, Any] = {}

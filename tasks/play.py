@@ -170,7 +170,10 @@ def play_round(
         bar.advance(job.agents.height)
 
     if jobs:
-        pool = pool_for(arm.engine, actors)
+        # No more actors than a round has shards: each actor is a process that imports
+        # the engine stack, which dominates a small run's wall time on a small machine.
+        # (Counted on the whole population, so every round and resume uses one pool.)
+        pool = pool_for(arm.engine, min(actors, -(-n // shard_size)))
         pool.run(jobs, commit)
     bar.finish()
     return {"agents": n, "shards": len(jobs), "written": written, "seconds": time.perf_counter() - start}

@@ -56,23 +56,29 @@ class Row:
     wall_s: float
     rate: float
     peak_mb: float
+    cpu_s: float
     shards: int
     rows: int
     nodes: dict[str, int]
 
 
 class MemorySampler:
-    """Samples the summed RSS of this process and all its descendants in a background thread.
+    """Samples the summed RSS and CPU time of this process and all its descendants.
 
     With a local Ray the descendants are every Ray process (GCS, raylet, dashboard agents,
     workers and actors) and Prefect's temporary API server, so the sum is the whole
     footprint of the run. RSS counts pages shared between processes (Ray's object store
-    is shared memory) once per process, so the sum is an upper bound.
+    is shared memory) once per process, so the sum is an upper bound. CPU seconds are
+    what the run's processes used (others' load on the machine excluded); a process that
+    ends between two samples loses at most one interval of its count.
     """
 
     def __init__(self, interval_s: float = 0.1):
         self.interval_s = interval_s
         self.peak = 0
+        self._cpu_start: dict[int, float] = {}
+        self._cpu_last: dict[int, float] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -84,18 +90,34 @@ class MemorySampler:
         self._stop.set()
         self._thread.join()
 
-    def sample(self) -> int:
+    def sample(self, baseline: bool = False) -> int:
         me = psutil.Process()
         total = 0
         for proc in [me, *me.children(recursive=True)]:
             try:
                 total += proc.memory_info().rss
+                times = proc.cpu_times()
+                cpu = times.user + times.system
             except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
+                continue
+            with self._lock:
+                # a process first seen after the baseline started during the run
+                self._cpu_start.setdefault(proc.pid, cpu if baseline else 0.0)
+                self._cpu_last[proc.pid] = cpu
         return total
 
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds used by every sampled process since ``reset``."""
+        self.sample()
+        with self._lock:
+            return sum(self._cpu_last[p] - self._cpu_start[p] for p in self._cpu_last)
+
     def reset(self) -> None:
-        self.peak = self.sample()
+        with self._lock:
+            self._cpu_start.clear()
+            self._cpu_last.clear()
+        self.peak = self.sample(baseline=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -140,7 +162,7 @@ def run_one(n: int, latency_s: float, args, workdir: Path, sampler: MemorySample
     start = time.perf_counter()
     summary = experiment(config(n, latency_s, args, db, ray_address))
     wall = time.perf_counter() - start
-    peak = sampler.peak
+    peak, cpu = sampler.peak, sampler.cpu_s
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("select count(*) from guesses").fetchall()[0][0]
         shards = con.execute("select count(*) from shards").fetchall()[0][0]
@@ -149,7 +171,7 @@ def run_one(n: int, latency_s: float, args, workdir: Path, sampler: MemorySample
         raise SystemExit(f"{n} agents: {rows} guesses stored, {summary['rows_written']} written — expected {n}")
     if not args.keep_db:
         db.unlink(missing_ok=True)
-    return Row(n, latency_s, wall, n / wall, peak / 2**20, shards, rows, nodes)
+    return Row(n, latency_s, wall, n / wall, peak / 2**20, cpu, shards, rows, nodes)
 
 
 def start_ray(args) -> tuple[str | None, object | None, float]:
@@ -192,19 +214,20 @@ def print_table(rows: list[Row], args, startup: dict[str, float]) -> None:
 
     console = Console(width=140)
     table = Table(title="keynes scale benchmark: simulated uniform agents, one round, full experiment flow")
-    for column in ("agents", "latency s", "wall s", "decisions/s", "peak memory MB", "shards", "rows in DuckDB"):
+    for column in ("agents", "latency s", "wall s", "decisions/s", "peak memory MB", "CPU s", "shards", "rows in DuckDB"):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(f"{r.agents:,}", f"{r.latency_s:g}", f"{r.wall_s:.1f}", f"{r.rate:,.0f}", f"{r.peak_mb:,.0f}", f"{r.shards}", f"{r.rows:,}")
+        table.add_row(f"{r.agents:,}", f"{r.latency_s:g}", f"{r.wall_s:.1f}", f"{r.rate:,.0f}", f"{r.peak_mb:,.0f}", f"{r.cpu_s:.1f}", f"{r.shards}", f"{r.rows:,}")
     console.print(table)
     console.print(
-        f"settings: actors={args.actors} (num_cpus={args.actor_cpus} each), shard_size={args.shard_size:,}, "
+        f"settings: actors={args.actors} (at most one per shard; num_cpus={args.actor_cpus} each), shard_size={args.shard_size:,}, "
         f"simulated concurrency={args.concurrency:,} requests per actor, Ray CPUs={args.ray_cpus if args.nodes == 1 else f'{args.nodes} nodes x {args.cpus_per_node}'}",
         highlight=False,
     )
     console.print(
         "startup (not in wall s): " + ", ".join(f"{k} {v:.1f} s" for k, v in startup.items())
-        + ". Peak memory: summed RSS of the driver and every descendant process (all Ray processes, Prefect's API server).",
+        + ". Peak memory: summed RSS of the driver and every descendant process (all Ray processes, Prefect's API server);"
+        " CPU s: CPU time those processes used during the run.",
         highlight=False,
     )
     console.print(f"machine: {machine()}", highlight=False)
@@ -252,7 +275,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             for latency in latencies:
                 for n in sizes:
                     row = run_one(n, latency, args, workdir, sampler, address)
-                    print(f"  {n:>9,} agents, latency {latency:g} s: {row.wall_s:6.1f} s, {row.rate:10,.0f}/s, peak {row.peak_mb:,.0f} MB", flush=True)
+                    print(f"  {n:>9,} agents, latency {latency:g} s: {row.wall_s:6.1f} s, {row.rate:10,.0f}/s, peak {row.peak_mb:,.0f} MB, CPU {row.cpu_s:.1f} s", flush=True)
                     rows.append(row)
         finally:
             import ray

@@ -35,11 +35,11 @@ def test_table_has_a_row_per_latency_with_every_agent(bench):
     work, stdout = bench
     assert "keynes scale benchmark" in stdout
     for latency in ("1", "0"):
-        assert re.search(rf"│\s+10,000 │\s+{latency} │\s+[\d.]+ │\s+[\d,]+ │\s+[\d,]+ │\s+1 │\s+10,000 │", stdout), stdout
+        assert re.search(rf"│\s+10,000 │\s+{latency} │\s+[\d.]+ │\s+[\d,]+ │\s+[\d,]+ │\s+[\d.]+ │\s+1 │\s+10,000 │", stdout), stdout
     assert re.search(r"settings: actors=\d+ .*concurrency=[\d,]+ requests per actor", stdout)
     rows = json.loads((work / "rows.json").read_text())
     assert [(r["agents"], r["latency_s"], r["rows"]) for r in rows] == [(N, 1.0, N), (N, 0.0, N)]
-    assert all(r["wall_s"] > 0 and r["peak_mb"] > 0 for r in rows)
+    assert all(r["wall_s"] > 0 and r["peak_mb"] > 0 and r["cpu_s"] > 0 for r in rows)
     # the 1 s run waited for its simulated server at least once
     assert rows[0]["wall_s"] >= 1.0
 

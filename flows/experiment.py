@@ -15,14 +15,17 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
-from flows.config import ExperimentConfig, load_config
-from tasks.environment import outcome
+from flows.config import ConfigError, ExperimentConfig, load_config
+from tasks.environment import group_outcomes, outcome
 from tasks.personas import personas_stage
 from tasks.play import Arm, ensure_ray, play_round, shutdown_pools
+from tasks.report import report_stage
 from tasks.store import load_round, store_outcome
+from tasks.worker import check_prompt_inputs
 from warehouse.store import Warehouse
 
 environment_stage = task(name="environment", cache_policy=NONE)(outcome)
+groups_stage = task(name="environment-groups", cache_policy=NONE)(group_outcomes)
 
 
 def run_row(config: ExperimentConfig, arm: Arm) -> dict[str, Any]:
@@ -77,11 +80,22 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     warehouse.begin_experiment(
         cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
-    personas = personas_stage(cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse)
+    personas = personas_stage(
+        cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
+        cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
+    )
+    if cfg.groups is not None:
+        personas = personas.with_columns(cfg.groups.assign(personas, cfg.seed))
+        warehouse.write_groups(cfg.experiment_id, personas.select("agent_id", "group"))
+    arms = cfg.arms_list()
+    for arm in arms:
+        try:
+            check_prompt_inputs(arm, personas)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
     if ray_info.get("dashboard_url"):
         logger.info("Ray dashboard: http://%s", ray_info["dashboard_url"])
-    arms = cfg.arms_list()
     for arm in arms:
         warehouse.begin_run(run_row(cfg, arm))
     summary: dict[str, Any] = {"experiment_id": cfg.experiment_id, "db": str(cfg.db), "arms": len(arms), "rounds_played": 0, "rows_written": 0}
@@ -95,6 +109,14 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     finally:
         shutdown_pools()
     warehouse.finish_experiment(cfg.experiment_id)
+    summary["report"] = None
+    if cfg.report.enabled:
+        state = report_stage(str(cfg.db), cfg.experiment_id, cfg.report_path, return_state=True)
+        if state.is_completed():
+            summary["report"] = state.result()
+            logger.info("report: %s", summary["report"])
+        else:  # the guesses are stored; `keynes report` can build the page later
+            logger.error("report failed: %s", state.message)
     logger.info(
         "experiment %s: %d arm(s), %d round(s) played, %d guesses written to %s",
         cfg.experiment_id, len(arms), summary["rounds_played"], summary["rows_written"], cfg.db,
@@ -111,7 +133,8 @@ def _play_arm(cfg: ExperimentConfig, arm: Arm, personas, warehouse: Warehouse, s
         played = play_round(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
         guesses = load_round(warehouse, arm.run_id, round_, personas.height)
         result = environment_stage(guesses, arm.rule)
-        store_outcome(warehouse, arm.run_id, round_, result, time.perf_counter() - start)
+        groups = groups_stage(guesses, personas.select("agent_id", "group"), arm.rule) if "group" in personas.columns else None
+        store_outcome(warehouse, arm.run_id, round_, result, time.perf_counter() - start, groups)
         summary["rounds_played"] += 1
         summary["rows_written"] += played["written"]
     warehouse.finish_run(arm.run_id)

@@ -1,13 +1,14 @@
 """Answer constraints and parsing: what a valid answer looks like, and reading it back.
 
-``number_regex`` is the exact language engines constrain decoding to; ``parse_answers``
-validates every answer after generation (servers may ignore constraints) and keeps the
-reason when an answer is rejected.
+``number_regex`` is the exact language engines constrain decoding to (``number_gbnf`` is
+the same language as a llama.cpp grammar); ``parse_answers`` validates every answer after
+generation (servers may ignore constraints) and keeps the reason when an answer is rejected.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import polars as pl
@@ -53,6 +54,52 @@ def number_regex(low: float, high: float, integer: bool = True) -> str:
         return f"({ints})"
     below = _int_range_regex(lo, hi - 1)
     return rf"(({below})(\.[0-9]{{1,2}})?|{hi})"
+
+
+def number_gbnf(low: float, high: float, integer: bool = True, leading_space: bool = True) -> str:
+    """The language of ``number_regex`` as a GBNF grammar (llama.cpp's constrained decoding).
+
+    Args:
+        low, high: the allowed range.
+        integer: integers only, or up to two decimals.
+        leading_space: allow one space before the number, so a completion prompt that ends
+            with a colon can continue with its most natural token (engines strip it).
+    """
+    body = _regex_to_gbnf(number_regex(low, high, integer))
+    space = '" "? ' if leading_space else ""
+    return f"root ::= {space}number\nnumber ::= {body}\n"
+
+
+_TOKEN = re.compile(r"\(\?:|\\\.|\[[^\]]*\](?:\{\d+(?:,\d+)?\})?|[()|?]|\{\d+(?:,\d+)?\}|\d")
+
+
+def _regex_to_gbnf(regex: str) -> str:
+    """Translate the small regex subset ``number_regex`` emits (digits, classes, groups,
+    alternation, ``?``, ``{n}``/``{m,n}``, ``\\.``) into a GBNF expression."""
+    out: list[str] = []
+    pos = 0
+    for match in _TOKEN.finditer(regex):
+        if match.start() != pos:
+            raise ValueError(f"cannot translate {regex!r} at {pos}")
+        token = match.group()
+        pos = match.end()
+        if token == "(?:":
+            out.append("(")
+        elif token == "\\.":
+            out.append('"."')
+        elif token.isdigit():
+            out.append(f'"{token}"')
+        elif token == "|":
+            out.append(" | ")
+        elif token in "()?" or token.startswith("["):
+            out.append(token)
+        else:  # a bare repetition such as {2}
+            out.append(token)
+        if token not in ("(?:", "(", "|") and not out[-1].endswith(" "):
+            out.append(" ")
+    if pos != len(regex):
+        raise ValueError(f"cannot translate {regex!r} at {pos}")
+    return re.sub(r" +([)?{])", r"\1", re.sub(r" {2,}", " ", "".join(out))).strip()
 
 
 @dataclass(frozen=True)

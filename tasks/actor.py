@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from tasks.engines import EngineSpec
+from tasks.engines import CompletionBatch, EngineSpec, RequestBatch
 from tasks.worker import ShardJob, ShardPlayer, ShardResult
 
 
@@ -26,6 +26,10 @@ class AgentWorker:
 
     def play(self, job: ShardJob) -> ShardResult:
         return self.player.play(job, node=self.node)
+
+    def complete(self, batch: RequestBatch) -> CompletionBatch:
+        """Completions from this actor's engine outside a game (e.g. persona backstories)."""
+        return self.player.engine.generate(batch)
 
     def where(self) -> dict[str, Any]:
         return {"node": self.node, "worker": self.player.worker, "pid": os.getpid()}

@@ -16,17 +16,23 @@ from typing import Any, Callable
 
 import numpy as np
 import polars as pl
-import ray
+
+# Under `uv run`, Ray would start workers with `uv run` in a copy of the project: a fresh
+# environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
+# instead; set RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 to get Ray's behaviour back.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+import ray  # noqa: E402
 from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks import progress
 from tasks.actor import AgentWorker  # defined without Prefect so actors start fast
 from tasks.engines import EngineSpec
-from tasks.worker import Arm, ShardJob, ShardResult, game_context
+from tasks.engines.mixture import MixtureSpec, shard_index
+from tasks.worker import Arm, ShardJob, ShardResult, game_context, groups_context, population_context
 from warehouse.store import Warehouse
 
-__all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "shutdown_pools"]
+__all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "run_pools", "shutdown_pools"]
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +76,44 @@ class WorkerPool:
         }
         self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
 
-    def run(self, jobs: list[ShardJob], on_result: Callable[[ShardJob, ShardResult], None]) -> None:
-        """Play every job, calling ``on_result`` in the driver as each shard finishes."""
-        pending = deque(jobs)
-        running: dict[ray.ObjectRef, tuple[ShardJob, Any]] = {}
-        load = {i: 0 for i in range(len(self.actors))}
-
-        def submit() -> None:
-            while pending:
-                index = min(load, key=load.get)
-                if load[index] >= IN_FLIGHT_PER_ACTOR:
-                    return
-                job = pending.popleft()
-                running[self.actors[index].play.remote(job)] = (job, index)
-                load[index] += 1
-
-        submit()
-        while running:
-            done, _ = ray.wait(list(running), num_returns=1)
-            ref = done[0]
-            job, index = running.pop(ref)
-            load[index] -= 1
-            result = ray.get(ref)
-            on_result(job, result)
-            submit()
+    def run(self, jobs: list[Any], on_result: Callable[[Any, Any], None], method: str = "play") -> None:
+        """Play every job (or pass each to the actors' ``method``), calling ``on_result``
+        in the driver as each one finishes."""
+        run_pools([(self, jobs)], on_result, method)
 
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
+
+
+def run_pools(
+    work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable[[ShardJob, ShardResult], None], method: str = "play"
+) -> None:
+    """Play each pool's jobs on that pool, all pools at once (the engines of a mixture),
+    calling ``on_result`` in the driver as each shard finishes."""
+    queues = [(pool, deque(jobs), [0] * len(pool.actors)) for pool, jobs in work]
+    running: dict[ray.ObjectRef, tuple[ShardJob, int, int]] = {}
+
+    def submit() -> None:
+        for p, (pool, pending, load) in enumerate(queues):
+            while pending:
+                index = min(range(len(load)), key=load.__getitem__)
+                if load[index] >= IN_FLIGHT_PER_ACTOR:
+                    break
+                job = pending.popleft()
+                running[getattr(pool.actors[index], method).remote(job)] = (job, p, index)
+                load[index] += 1
+
+    submit()
+    while running:
+        done, _ = ray.wait(list(running), num_returns=1)
+        ref = done[0]
+        job, p, index = running.pop(ref)
+        queues[p][2][index] -= 1
+        result = ray.get(ref)
+        on_result(job, result)
+        submit()
 
 
 _POOLS: dict[str, WorkerPool] = {}
@@ -148,15 +163,20 @@ def play_round(
         own = warehouse.own_guesses(arm.run_id, round_)
         agents = agents.join(own, on="agent_id", how="left")
     history = warehouse.history(arm.run_id, round_)
-    shared = {"game": game_context(arm.rule, n), "round": round_, "history": history}
-    index = np.arange(n) // shard_size
-    frame = agents.with_columns(_shard=pl.Series(index, dtype=pl.Int32))
+    shared = {"game": game_context(arm.rule, n), "round": round_, "history": history, "population": population_context(personas)}
+    if "group" in personas.columns:  # nested environments: each agent is told its group's results
+        shared["groups"] = groups_context(personas, warehouse.group_history(arm.run_id, round_))
+    specs, component, actor_counts = _components(arm, personas, seed, actors)
+    index = shard_index(component, shard_size)
+    # No more actors than an engine has shards in a round: each actor is a process that
+    # imports the engine stack, which dominates a small run's wall time on a small machine.
+    # (Counted on the whole population, so every round and resume uses one pool.)
+    actor_counts = [min(a, int(np.unique(index[component == c]).size)) for c, a in enumerate(actor_counts)]
+    frame = agents.with_columns(_shard=pl.Series(index, dtype=pl.Int32), _component=pl.Series(component, dtype=pl.Int32))
     if len(done):
         frame = frame.filter(~pl.col("agent_id").is_in(pl.Series(done)))
-    jobs = [
-        ShardJob(arm, seed, round_, int(shard), part.drop("_shard"), shared)
-        for (shard,), part in frame.partition_by("_shard", as_dict=True, maintain_order=True).items()
-    ]
+    parts = frame.partition_by("_shard", as_dict=True, maintain_order=True).items()
+    jobs = [(int(part["_component"][0]), ShardJob(arm, seed, round_, int(shard), part.drop("_shard", "_component"), shared)) for (shard,), part in parts]
     written = 0
     bar = progress.current().start(f"{arm.run_id} round {round_}", total=n, completed=len(done))
 
@@ -170,10 +190,35 @@ def play_round(
         bar.advance(job.agents.height)
 
     if jobs:
-        # No more actors than a round has shards: each actor is a process that imports
-        # the engine stack, which dominates a small run's wall time on a small machine.
-        # (Counted on the whole population, so every round and resume uses one pool.)
-        pool = pool_for(arm.engine, min(actors, -(-n // shard_size)))
-        pool.run(jobs, commit)
+        used = sorted({c for c, _ in jobs})
+        _check_resources([specs[c] for c in used], [actor_counts[c] for c in used])
+        run_pools([(pool_for(specs[c], actor_counts[c]), [j for k, j in jobs if k == c]) for c in used], commit)
     bar.finish()
     return {"agents": n, "shards": len(jobs), "written": written, "seconds": time.perf_counter() - start}
+
+
+def _components(arm: Arm, personas: pl.DataFrame, seed: int, actors: int) -> tuple[list[EngineSpec], np.ndarray, list[int]]:
+    """The engines of an arm, each agent's engine index, and actors per engine.
+
+    A plain engine plays everyone on ``actors`` actors; a mixture splits the agents by
+    quota (the same split every round) and the actors by fraction.
+    """
+    n = personas.height
+    if isinstance(arm.engine, MixtureSpec):
+        component = arm.engine.assign(personas["agent_id"].to_numpy(), seed)
+        return [c.engine for c in arm.engine.components], component, arm.engine.actors(actors)
+    return [arm.engine], np.zeros(n, np.int64), [actors]
+
+
+def _check_resources(specs: list[EngineSpec], actors: list[int]) -> None:
+    """Engines of a mixture run at once: refuse, clearly, pools that can never all start."""
+    if len(specs) < 2:
+        return
+    have = ray.cluster_resources()
+    for resource, need in (("CPU", sum(s.num_cpus * a for s, a in zip(specs, actors))),
+                           ("GPU", sum(s.num_gpus * a for s, a in zip(specs, actors)))):
+        if need > have.get(resource, 0) + 1e-9:
+            raise ValueError(
+                f"arms.engines: the mixture's {sum(actors)} actors need {need:g} {resource}s at once and the Ray "
+                f"cluster has {have.get(resource, 0):g}; lower workers.actors or the components' num_{resource.lower()}s"
+            )

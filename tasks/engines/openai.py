@@ -1,0 +1,203 @@
+"""The openai engine: any OpenAI-compatible server (vLLM, llama.cpp, a hosted API) over HTTP.
+
+Requests of a batch run concurrently (up to ``concurrency``) on an asyncio loop owned by
+the engine; 429, 5xx, timeouts and connection errors are retried with exponential
+backoff. Servers may silently ignore constraint fields, so every answer is validated
+and resampled (a fresh seed) a few times before it is stored as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import threading
+import time
+from typing import Any, Literal
+
+import httpx
+from pydantic import Field
+
+from prompts.answers import number_gbnf
+from tasks.engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
+
+#: Status codes worth retrying: rate limits and server-side failures.
+RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class OpenAISpec(EngineSpec):
+    """A model served by an OpenAI-compatible HTTP server."""
+
+    kind: Literal["openai"] = "openai"
+    base_url: str = Field(description="The server's API root, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field(description="The model name the server expects (stored with every guess).")
+    api_key_env: str | None = Field("OPENAI_API_KEY", description="Name of the environment variable that holds the API key (the key itself is never stored); unset or empty = no key.")
+    endpoint: Literal["completions", "chat"] = Field("completions", description="/completions (prompt continuation, for base models) or /chat/completions (one user message).")
+    constraint_fields: tuple[Literal["grammar", "structured_outputs", "guided_regex"], ...] = Field(
+        ("grammar", "structured_outputs"),
+        description="How the answer constraint is sent: grammar = GBNF (llama.cpp servers), structured_outputs = {regex} (vLLM), guided_regex (older vLLM). Hosted APIs that reject unknown fields: [].",
+    )
+    concurrency: int = Field(16, gt=0, description="Requests in flight at once per engine (per Ray actor).")
+    timeout_s: float = Field(60.0, gt=0, description="Seconds before one HTTP request times out.")
+    max_attempts: int = Field(8, gt=0, description="HTTP attempts per request (429, 5xx, timeouts and connection errors are retried).")
+    backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles with every attempt (with jitter).")
+    max_backoff_s: float = Field(15.0, ge=0, description="Longest retry delay.")
+    resamples: int = Field(2, ge=0, description="Extra samples (fresh seeds) when an answer does not match the constraint.")
+    stop: tuple[str, ...] = Field(("\n\n",), description="Stop sequences of free-text (reasoning) requests.")
+    num_cpus: float = Field(0.25, ge=0, description="CPUs reserved for each Ray actor (an HTTP client needs little).")
+
+    @property
+    def model_name(self) -> str:
+        return self.model
+
+
+class OpenAIEngine:
+    """Sends each request to the server, concurrently, with retries and validation."""
+
+    kind = "openai"
+
+    def __init__(self, spec: OpenAISpec):
+        self.spec = spec
+        self.model = spec.model_name
+        key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        # One event loop per engine, on its own thread: generate() is called from plain
+        # (possibly Ray actor) threads and must work whether or not a loop already runs there.
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="openai-engine", daemon=True)
+        self._thread.start()
+        self._client = self._call(self._open())
+
+    async def _open(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=self.spec.concurrency, max_keepalive_connections=self.spec.concurrency)
+        return httpx.AsyncClient(
+            base_url=self.spec.base_url.rstrip("/") + "/", headers=self._headers, timeout=self.spec.timeout_s, limits=limits
+        )
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def generate(self, batch: RequestBatch) -> CompletionBatch:
+        """Complete every request; constrained answers are validated against the range."""
+        return CompletionBatch.from_rows(self._call(self._generate(batch)))
+
+    async def _generate(self, batch: RequestBatch) -> list[Completion]:
+        semaphore = asyncio.Semaphore(self.spec.concurrency)
+        pattern = re.compile(batch.constraint.regex) if batch.constraint is not None else None
+
+        async def one(request: Request) -> Completion:
+            async with semaphore:
+                return await self._complete(request, pattern)
+
+        return list(await asyncio.gather(*(one(r) for r in batch)))
+
+    async def _complete(self, request: Request, pattern: re.Pattern[str] | None) -> Completion:
+        """Sample (and resample while the answer is invalid), retrying transport failures."""
+        start = time.perf_counter()
+        attempts = prompt_tokens = completion_tokens = 0
+        text, error = "", None
+        for sample in range(self.spec.resamples + 1 if pattern is not None else 1):
+            body = self._body(request, sample)
+            response, tries, error = await self._post(body, request.seed + sample)
+            attempts += tries
+            if response is None:
+                break  # the retry budget is spent: the server is not answering
+            usage = response.get("usage") or {}
+            prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            completion_tokens += int(usage.get("completion_tokens") or 0)
+            text = _text(response, self.spec.endpoint)
+            if pattern is None:
+                break
+            text = text.strip()
+            if pattern.fullmatch(text):
+                error = None
+                break
+            c = request.constraint
+            error = (f"answer {text[:80]!r} is not a number in [{c.low:g}, {c.high:g}] after {sample + 1} sample(s); "
+                     "does the server ignore the constraint fields?")
+        return Completion(text, prompt_tokens, completion_tokens, time.perf_counter() - start, attempts, error)
+
+    def _body(self, request: Request, sample: int) -> dict[str, Any]:
+        s = request.sampling
+        body: dict[str, Any] = {
+            "model": self.spec.model,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "seed": (request.seed + sample) & 0x7FFFFFFF,
+        }
+        if self.spec.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": request.prompt}]
+        else:
+            body["prompt"] = request.prompt
+        if request.constraint is None:
+            if self.spec.stop:
+                body["stop"] = list(self.spec.stop)
+        else:
+            body.update(_constraint_fields(request.constraint, self.spec.constraint_fields))
+        return body
+
+    async def _post(self, body: dict[str, Any], seed: int) -> tuple[dict[str, Any] | None, int, str | None]:
+        """POST with retries. Returns (response JSON or None, attempts, last error)."""
+        path = "chat/completions" if self.spec.endpoint == "chat" else "completions"
+        jitter = random.Random(seed)
+        error: str | None = None
+        for attempt in range(1, self.spec.max_attempts + 1):
+            retry_after: float | None = None
+            try:
+                response = await self._client.post(path, json=body)
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            else:
+                if response.status_code == 200:
+                    try:
+                        return response.json(), attempt, None
+                    except ValueError:
+                        error = f"HTTP 200 with a body that is not JSON: {response.text[:200]!r}"
+                else:
+                    error = f"HTTP {response.status_code}: {response.text[:300]}"
+                    if response.status_code not in RETRY_STATUS:
+                        return None, attempt, error  # a bad request does not get better by waiting
+                    retry_after = _retry_after(response)
+            if attempt < self.spec.max_attempts:
+                delay = min(self.spec.max_backoff_s, self.spec.backoff_s * 2 ** (attempt - 1)) * (0.5 + jitter.random() / 2)
+                await asyncio.sleep(max(delay, min(retry_after or 0.0, self.spec.max_backoff_s)))
+        return None, self.spec.max_attempts, f"gave up after {self.spec.max_attempts} attempts: {error}"
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._call(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+
+def _constraint_fields(constraint: Constraint, fields: tuple[str, ...]) -> dict[str, Any]:
+    """The request fields that ask a server to constrain the answer, in each server's dialect."""
+    out: dict[str, Any] = {}
+    if "grammar" in fields:
+        out["grammar"] = number_gbnf(constraint.low, constraint.high, constraint.integer)
+    if "structured_outputs" in fields:
+        out["structured_outputs"] = {"regex": constraint.regex}
+    if "guided_regex" in fields:
+        out["guided_regex"] = constraint.regex
+    return out
+
+
+def _text(response: dict[str, Any], endpoint: str) -> str:
+    choice = (response.get("choices") or [{}])[0]
+    if endpoint == "chat":
+        return (choice.get("message") or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+register("openai", OpenAISpec, OpenAIEngine)

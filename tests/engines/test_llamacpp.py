@@ -1,0 +1,169 @@
+"""The llamacpp engine on the real Gemma 3 270M: constrained answers, seeds, reasoning, a game."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+
+from prompts.answers import number_regex
+from prompts.render import render
+from tasks.engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
+from tasks.engines.models import ModelError
+from tasks.environment import GameRule
+from tasks.worker import game_context
+
+pytestmark = pytest.mark.llm
+
+EDUCATION = ["Elementary School", "High School", "Bachelor's Degree", "Master's Degree", "Ph.D."]
+
+
+@pytest.fixture(scope="module")
+def engine(gguf):
+    engine = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1}))
+    yield engine
+    engine.close()
+
+
+def prompts(template: str, n: int, rule: GameRule = GameRule()) -> list[str]:
+    shared = {"game": game_context(rule, 30), "round": 1, "history": []}
+    agents = pl.DataFrame({"persona": [{"education": EDUCATION[i % len(EDUCATION)]} for i in range(n)]})
+    return render(template, shared, agents)
+
+
+def batch(texts: list[str], constraint: Constraint | None, max_tokens: int = 8, seed0: int = 0) -> RequestBatch:
+    ids = np.arange(len(texts), dtype=np.int64)
+    return RequestBatch(ids, texts, ids * 7919 + seed0, Sampling(0.9, max_tokens), constraint)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [GameRule(), GameRule(low=10, high=250), GameRule(low=0, high=1, answers="real")],
+    ids=["0-100", "10-250", "real-0-1"],
+)
+def test_every_constrained_answer_is_a_number_in_range(engine, rule):
+    constraint = Constraint(rule.low, rule.high, rule.integer)
+    out = engine.generate(batch(prompts("basic.j2", 8, rule), constraint))
+    pattern = re.compile(number_regex(rule.low, rule.high, rule.integer))
+    assert all(pattern.fullmatch(t) for t in out.text), out.text
+    assert out.error == [None] * 8
+    assert (out.prompt_tokens > 40).all() and (out.completion_tokens >= 1).all()
+    assert (out.latency_s > 0).all() and (out.attempts == 1).all()
+
+
+def test_the_same_seeds_give_the_same_answers(engine, gguf):
+    texts = prompts("basic.j2", 10)
+    constraint = Constraint(0, 100, True)
+    first = engine.generate(batch(texts, constraint)).text
+    again = build_engine(parse_spec({"kind": "llamacpp"}))  # a fresh model: nothing cached
+    try:
+        assert again.generate(batch(texts, constraint)).text == first
+    finally:
+        again.close()
+    others = engine.generate(batch(texts, constraint, seed0=12345)).text
+    assert others != first  # 10 agents at temperature 0.9: other seeds, other numbers
+
+
+def test_answers_come_back_in_request_order(engine):
+    # Requests run sorted by prompt (KV prefix reuse); results must follow the requests.
+    texts = prompts("basic.j2", 5)
+    constraint = Constraint(0, 100, True)
+    forward = engine.generate(batch(texts, constraint))
+    ids = np.arange(5, dtype=np.int64)[::-1].copy()
+    backward = engine.generate(RequestBatch(ids, texts[::-1], ids * 7919, Sampling(0.9, 8), constraint))
+    assert backward.text == forward.text[::-1]
+
+
+def test_free_reasoning_is_text_that_stops_at_a_blank_line(engine):
+    out = engine.generate(batch(prompts("cot.j2", 4), None, max_tokens=48))
+    assert sum(bool(t.strip()) for t in out.text) >= 3, out.text
+    assert not any("\n\n" in t for t in out.text)
+    assert (out.completion_tokens <= 48).all() and (out.completion_tokens >= 1).all()
+
+
+def test_a_prompt_beyond_the_context_fails_alone(gguf):
+    small = build_engine(parse_spec({"kind": "llamacpp", "n_ctx": 256}))
+    try:
+        texts = prompts("basic.j2", 2)
+        texts[1] = texts[1] + " word" * 400
+        out = small.generate(batch(texts, Constraint(0, 100, True)))
+    finally:
+        small.close()
+    assert out.error[0] is None and re.fullmatch(number_regex(0, 100), out.text[0])
+    assert out.text[1] == "" and "exceed context window" in out.error[1]
+
+
+def test_an_unknown_model_is_named():
+    with pytest.raises(ModelError, match="unknown model 'gemma-7b'; available: gemma-3-270m"):
+        build_engine(parse_spec({"kind": "llamacpp", "model": "gemma-7b"}))
+
+
+def q(path, sql):
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def test_real_gemma_agents_play_basic_and_chain_of_thought(prefect_api, local_ray, db):
+    from flows.experiment import experiment
+
+    config = {
+        "name": "gemma-small",
+        "seed": 3,
+        "population": {"spec": "education.yaml", "size": 6},
+        "game": {"ratio": "2/3", "rounds": 2},
+        "arms": {"engines": [{"kind": "llamacpp"}], "prompts": ["basic", "cot"], "max_reasoning_tokens": 40},
+        "workers": {"actors": 2, "shard_size": 3},
+    }
+    summary = experiment(config, db=str(db))
+    assert summary["rows_written"] == 6 * 2 * 2
+    assert q(db, "select count(*) from guesses where not valid") == [(0,)]
+    assert q(db, "select count(*) from guesses where guess < 0 or guess > 100 or guess != round(guess)") == [(0,)]
+    assert q(db, "select distinct engine, model from guesses") == [("llamacpp", "gemma-3-270m")]
+    assert q(db, "select min(prompt_tokens) > 40, min(completion_tokens) >= 1, min(latency_s) > 0, min(attempts) from guesses") == [(True, True, True, 1)]
+    rows = q(db, "select r.prompt_mode, count(*), count(g.reasoning), count(nullif(trim(g.reasoning), '')) from guesses g join runs r using (run_id) group by all order by 1")
+    assert rows[0] == ("basic", 12, 0, 0)
+    assert rows[1][:3] == ("cot", 12, 12) and rows[1][3] >= 9  # a base model may open with a blank line
+    # Chain of thought spends more tokens: the reasoning's are counted too.
+    tokens = dict(q(db, "select r.prompt_mode, avg(g.completion_tokens) from guesses g join runs r using (run_id) group by all"))
+    assert tokens["cot"] > tokens["basic"]
+
+
+def test_a_mixture_of_gemma_and_the_simulated_engine(prefect_api, local_ray, db):
+    from flows.experiment import experiment
+
+    mixture = {"kind": "mixture", "components": [
+        {"fraction": 0.5, "engine": {"kind": "llamacpp"}},
+        {"fraction": 0.5, "engine": {"kind": "simulated"}},
+    ]}
+    config = {
+        "name": "gemma-mixture", "seed": 5,
+        "population": {"spec": "education.yaml", "size": 8},
+        "game": {"rounds": 2},
+        "arms": {"engines": [mixture], "prompts": ["basic"]},
+        "workers": {"actors": 2, "shard_size": 3},
+    }
+    experiment(config, db=str(db))
+    assert q(db, "select engine, model, count(*), count(distinct agent_id), bool_and(valid) from guesses group by all order by 1") == [
+        ("llamacpp", "gemma-3-270m", 8, 4, True),
+        ("simulated", "simulated/uniform", 8, 4, True),
+    ]
+    # Each agent keeps its engine in every round.
+    assert q(db, "select count(*) from (select agent_id from guesses group by agent_id having count(distinct engine) > 1)") == [(0,)]
+    engine, model, spec = q(db, "select engine, model, spec from runs")[0]
+    assert (engine, model) == ("mixture", "mixture")
+    assert [c["engine"]["kind"] for c in json.loads(spec)["components"]] == ["llamacpp", "simulated"]
+
+
+def test_the_quickstart_config_plays_gemma_at_a_tiny_size(prefect_api, local_ray, db):
+    from flows.experiment import experiment
+    from tests.conftest import REPO
+
+    overrides = ["population.size=4", "game.rounds=1", "arms.max_reasoning_tokens=16", "workers.shard_size=2"]
+    summary = experiment(str(REPO / "experiments/quickstart.yaml"), overrides=overrides, db=str(db))
+    assert summary["rows_written"] == 4 * 2
+    assert q(db, "select distinct engine, model, bool_and(valid) from guesses") == [("llamacpp", "gemma-3-270m", True)]
+    assert q(db, "select count(reasoning) from guesses g join runs r using (run_id) where r.prompt_mode = 'cot'") == [(4,)]

@@ -1,0 +1,74 @@
+"""The model registry: Gemma 3 270M assembled from its PyPI package, once, verified, locked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tasks.engines import models
+from tasks.engines.models import MODELS, ModelError, resolve, sha256_file
+from tests.conftest import REPO
+
+GEMMA = MODELS["gemma-3-270m"]
+
+
+def test_assembles_once_into_the_cache_and_checks_the_digest(tmp_path, monkeypatch):
+    monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
+    path = resolve("gemma-3-270m")
+    assert path == tmp_path / "models" / GEMMA.filename
+    assert sha256_file(path) == GEMMA.sha256
+    first = path.stat().st_mtime_ns
+    assert resolve("gemma-3-270m") == path
+    assert path.stat().st_mtime_ns == first  # the second call reuses the verified file
+    assert not list((tmp_path / "models").glob("*.part"))
+
+
+def test_a_damaged_file_is_assembled_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
+    path = resolve("gemma-3-270m")
+    with open(path, "r+b") as f:
+        f.seek(1000)
+        f.write(b"\0" * 64)
+    with open(path, "ab") as f:
+        f.write(b"junk")
+    assert sha256_file(resolve("gemma-3-270m")) == GEMMA.sha256
+
+
+def test_concurrent_processes_assemble_one_file(tmp_path):
+    code = "from tasks.engines.models import resolve; print(resolve('gemma-3-270m'))"
+    env = {**__import__("os").environ, "KEYNES_CACHE": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    outputs = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    assert outputs == {str(tmp_path / "models" / GEMMA.filename)}
+    assert sha256_file(tmp_path / "models" / GEMMA.filename) == GEMMA.sha256
+    assert sorted(f.name for f in (tmp_path / "models").iterdir() if not f.name.startswith(".")) == [
+        GEMMA.filename, GEMMA.filename + ".sha256"]
+
+
+def test_a_gguf_path_is_used_as_is(tmp_path):
+    fake = tmp_path / "my-model.gguf"
+    fake.write_bytes(b"GGUF")
+    assert resolve(str(fake)) == fake
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("gemma-9000", "unknown model 'gemma-9000'; available: gemma-3-270m, or a path to a .gguf file"),
+        ("/nowhere/model.gguf", "model file '/nowhere/model.gguf' does not exist"),
+    ],
+)
+def test_unknown_models_are_named_in_the_error(name, message):
+    with pytest.raises(ModelError) as err:
+        resolve(name)
+    assert str(err.value) == message
+
+
+def test_cache_dir_follows_keynes_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("KEYNES_CACHE", str(tmp_path / "c"))
+    assert models.cache_dir() == tmp_path / "c" / "models"
+    monkeypatch.delenv("KEYNES_CACHE")
+    assert models.cache_dir().parts[-3:] == (".cache", "keynes", "models")

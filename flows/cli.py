@@ -288,6 +288,28 @@ def config_reference() -> None:
     walk(ExperimentConfig)
 
 
+bench = typer.Typer(no_args_is_help=True, help="Benchmarks that print comparable figures (benchmarks/ in the source tree).")
+app.add_typer(bench, name="bench")
+
+
+@bench.command("scale", add_help_option=False, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_scale(ctx: typer.Context) -> None:
+    """The paper's million-agent benchmark through the real flow; options as benchmarks/scale.py --help.
+
+    Example: keynes bench scale --sizes 10000,100000
+    """
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"
+    if not script.exists():
+        fail(f"{script}: not found (benchmarks run from a keynes source checkout)")
+    spec = importlib.util.spec_from_file_location("keynes_bench_scale", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    module.main(list(ctx.args))
+
+
 def main() -> None:
     app()
 

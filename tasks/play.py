@@ -26,9 +26,10 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks import progress
-from tasks.engines import CompletionBatch, EngineSpec, RequestBatch
+from tasks.actor import AgentWorker  # defined without Prefect so actors start fast
+from tasks.engines import EngineSpec
 from tasks.engines.mixture import MixtureSpec, shard_index
-from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context, groups_context, population_context
+from tasks.worker import Arm, ShardJob, ShardResult, game_context, groups_context, population_context
 from warehouse.store import Warehouse
 
 __all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "run_pools", "shutdown_pools"]
@@ -37,25 +38,6 @@ log = logging.getLogger(__name__)
 
 #: Shards in flight per actor: one playing, one queued so the actor never waits for data.
 IN_FLIGHT_PER_ACTOR = 2
-
-
-@ray.remote
-class AgentWorker:
-    """A Ray actor that owns one engine and plays shards with it."""
-
-    def __init__(self, spec: EngineSpec):
-        self.player = ShardPlayer(spec)
-        self.node = ray.get_runtime_context().get_node_id()
-
-    def play(self, job: ShardJob) -> ShardResult:
-        return self.player.play(job, node=self.node)
-
-    def complete(self, batch: RequestBatch) -> CompletionBatch:
-        """Completions from this actor's engine outside a game (e.g. persona backstories)."""
-        return self.player.engine.generate(batch)
-
-    def where(self) -> dict[str, Any]:
-        return {"node": self.node, "worker": self.player.worker, "pid": os.getpid()}
 
 
 _RAY: dict[str, Any] = {}
@@ -186,6 +168,10 @@ def play_round(
         shared["groups"] = groups_context(personas, warehouse.group_history(arm.run_id, round_))
     specs, component, actor_counts = _components(arm, personas, seed, actors)
     index = shard_index(component, shard_size)
+    # No more actors than an engine has shards in a round: each actor is a process that
+    # imports the engine stack, which dominates a small run's wall time on a small machine.
+    # (Counted on the whole population, so every round and resume uses one pool.)
+    actor_counts = [min(a, int(np.unique(index[component == c]).size)) for c, a in enumerate(actor_counts)]
     frame = agents.with_columns(_shard=pl.Series(index, dtype=pl.Int32), _component=pl.Series(component, dtype=pl.Int32))
     if len(done):
         frame = frame.filter(~pl.col("agent_id").is_in(pl.Series(done)))

@@ -187,7 +187,11 @@ def config_reference() -> None:
 
     def walk(model: type[BaseModel], prefix: str = "") -> None:
         for name, field in model.model_fields.items():
+            name = field.alias or name  # `continue` is spelled `continue_` in Python
             annotation = field.annotation
+            if getattr(annotation, "__args__", None) and type(None) in annotation.__args__:
+                inner = [a for a in annotation.__args__ if a is not type(None)]
+                annotation = inner[0] if len(inner) == 1 else annotation  # `X | None` documents X
             default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 out.print(f"[bold]{prefix}{name}[/]: {field.description}", highlight=False)

@@ -99,3 +99,38 @@ def test_rounds_played_one_per_run_equal_rounds_played_at_once(serial_runs):
     assert tokens[1] < tokens[2] < tokens[3]
     outcome = "select run_id, round, mean, target, winning_guess, n_winners from rounds order by 1, 2"
     assert q(path, outcome) == q(whole, outcome)
+
+
+def test_each_run_shows_progress_round_outcomes_and_workers_in_the_ui(serial_runs):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    path, _, runs = serial_runs
+    state, summary, *_ = runs[1]  # the run that played round 2
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        )
+    by_type: dict[str, list] = {}
+    for artifact in artifacts:
+        by_type.setdefault(artifact.type, []).append(artifact)
+    run_ids = [f"{summary['experiment_id']}-arm{i}" for i in (0, 1)]
+    # one progress bar per arm of this round, finished
+    progress = {a.key: a for a in by_type["progress"]}
+    assert set(progress) == {f"progress-{r}-round-2" for r in run_ids}
+    assert all(a.data == 100.0 and "40 / 40 agents" in a.description for a in progress.values())
+    # one markdown outcome per arm of this round, with the stored figures
+    markdown = {a.key: a.data for a in by_type["markdown"]}
+    assert set(markdown) == {f"{r}-round-2" for r in run_ids}
+    mean, target, n_winners = q(path, f"select mean, target, n_winners from rounds where run_id = '{run_ids[0]}' and round = 2")[0]
+    text = markdown[f"{run_ids[0]}-round-2"]
+    assert f"| mean | {mean:.4g} |" in text and f"| target (2/3 × mean) | {target:.4g} |" in text
+    assert f"| winners | {n_winners:,}: agents" in text and "invalid rate 0.0%" in text
+    # the Ray workers of this run: shards of round 2 only (both arms), by node and worker
+    tables = [a for a in by_type["table"] if a.key == f"workers-{summary['experiment_id']}"]
+    assert tables
+    import json
+
+    latest = max(tables, key=lambda a: a.created).data  # a new version after each round
+    rows = json.loads(latest) if isinstance(latest, str) else latest
+    assert sum(r["shards"] for r in rows) == 2 * 3 and sum(r["agents"] for r in rows) == 2 * 40

@@ -22,6 +22,10 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
+#: On a busy shared machine Ray's Python agents can take longer than the raylet's default
+#: wait to register (the raylet then aborts): give them time.
+SLOW_MACHINE = {"RAY_agent_register_timeout_ms": "120000"}
+
 MANUAL = {
     "name": "manual",
     "seed": 3,
@@ -102,7 +106,7 @@ def served(tmp_path_factory):
     api = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
-               RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="disabled")
+               RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="disabled", **SLOW_MACHINE)
     server_log = open(folder / "server.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 # Before Prefect is imported anywhere: its settings are read at import.
+_LOG_LEVEL_CHOSEN = "PREFECT_LOGGING_LEVEL" in os.environ
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -98,6 +99,48 @@ def run(
     )
     if summary.get("report"):
         console.print(f"report: {summary['report']}", highlight=False)
+
+
+@app.command()
+def serve(
+    configs: Annotated[list[Path], typer.Argument(help="Experiment configs (YAML): one deployment each.")],
+    db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse of every deployment (default: each config's `db`).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field in every deployment: dotted.key=value (repeatable).")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Flow runs at once across deployments (each starts its own local Ray unless workers.ray_address is set).")] = 1,
+) -> None:
+    """Serve deployments of the experiment flow, with each config's schedule, until stopped.
+
+    Runs start on schedule (`schedule: {cron: ...}` or `{interval_s: ...}` in the config) or
+    from the Prefect UI / `prefect deployment run 'experiment/NAME'`. Needs a Prefect server:
+    `prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api`.
+
+    Example: keynes serve experiments/quickstart.yaml --set population.size=1000
+    """
+    if not _LOG_LEVEL_CHOSEN:  # flow-run logs belong in the UI
+        os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
+    from flows.config import ConfigError, load_config
+
+    overrides = list(set_ or [])
+    try:
+        for config in configs:
+            _check_db(Path(load_config(config, overrides + ([f"db={db}"] if db else [])).db))
+        from flows.deploy import deployments_for, ping, serve as serve_deployments
+
+        deployments = deployments_for(list(configs), overrides, db)
+    except ConfigError as exc:
+        fail(str(exc))
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if not api:
+        fail("PREFECT_API_URL is not set: start a server (prefect server start) and "
+             "export PREFECT_API_URL=http://127.0.0.1:4200/api")
+    problem = ping(api)
+    if problem:
+        fail(f"PREFECT_API_URL {api}: {problem}")
+    for deployment in deployments:
+        console.print(f"[bold]experiment/{deployment.name}[/]: {deployment.description}", highlight=False)
+    serve_deployments(deployments, limit=limit)
 
 
 @app.command()
@@ -277,7 +320,11 @@ def config_reference() -> None:
 
     def walk(model: type[BaseModel], prefix: str = "") -> None:
         for name, field in model.model_fields.items():
+            name = field.alias or name  # `continue` is spelled `continue_` in Python
             annotation = field.annotation
+            if getattr(annotation, "__args__", None) and type(None) in annotation.__args__:
+                inner = [a for a in annotation.__args__ if a is not type(None)]
+                annotation = inner[0] if len(inner) == 1 else annotation  # `X | None` documents X
             default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 out.print(f"[bold]{prefix}{name}[/]: {field.description}", highlight=False)

@@ -163,8 +163,44 @@ class ReportConfig(Strict):
     out: str | None = Field(None, description="The report file; none means <experiment name>-report.html next to the database.")
 
 
+class ScheduleConfig(Strict):
+    """When a served deployment runs by itself (``keynes serve``): a cron line or an interval."""
+
+    cron: str | None = Field(None, description='A cron line, e.g. "0 * * * *" (every hour).')
+    interval_s: float | None = Field(None, gt=0, description="Seconds between runs.")
+    timezone: str | None = Field(None, description="The cron line's time zone (default UTC), e.g. Europe/Berlin.")
+
+    @field_validator("cron")
+    @classmethod
+    def _cron_line(cls, cron: str | None) -> str | None:
+        if cron is not None and len(cron.split()) not in (5, 6):
+            raise ValueError(f"{cron!r} is not a cron line (5 fields: minute hour day-of-month month day-of-week)")
+        return cron
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, zone: str | None) -> str | None:
+        import zoneinfo
+
+        if zone is not None:
+            try:
+                zoneinfo.ZoneInfo(zone)
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+                raise ValueError(f"unknown time zone {zone!r} (an IANA name such as Europe/Berlin)") from None
+        return zone
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ScheduleConfig":
+        if (self.cron is None) == (self.interval_s is None):
+            raise ValueError("give exactly one of `cron` or `interval_s`")
+        return self
+
+
 class ExperimentConfig(Strict):
     """A keynes experiment."""
+
+    # `continue` is a Python keyword: the field is `continue_`, read and written as `continue`.
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True, validate_by_name=True)
 
     name: str = Field(description="The experiment's name; with the config hash it identifies the experiment.")
     seed: int = Field(0, ge=0, description="The seed every random choice derives from.")
@@ -175,6 +211,12 @@ class ExperimentConfig(Strict):
     workers: WorkersConfig = Field(default_factory=WorkersConfig, description="Where agents play.")
     db: str = Field("keynes.duckdb", description="The DuckDB warehouse file.")
     report: ReportConfig = Field(default_factory=ReportConfig, description="The report page.")
+    schedule: ScheduleConfig | None = Field(None, description="When `keynes serve` runs this experiment by itself.")
+    continue_: bool = Field(
+        False,
+        alias="continue",
+        description="Each run plays only the next unfinished round (history from the warehouse), until game.rounds.",
+    )
 
     @model_validator(mode="after")
     def _population_exists(self) -> "ExperimentConfig":
@@ -192,7 +234,9 @@ class ExperimentConfig(Strict):
     @property
     def config_hash(self) -> str:
         """A hash of everything that decides results (not where they are stored or computed)."""
-        data = self.model_dump(mode="json", exclude={"db", "workers", "report"})
+        # Where results are stored or computed, when runs happen (schedule, one round per
+        # run) and the report do not decide results.
+        data = self.model_dump(mode="json", exclude={"db", "workers", "report", "schedule", "continue_"})
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -312,8 +356,9 @@ def format_error(exc: ValidationError, data: Any = None) -> str:
         parent_model = _model_at(loc[:-1])
         hint = ""
         if parent_model is not None:
-            close = difflib.get_close_matches(loc[-1], list(parent_model.model_fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(parent_model.model_fields)})"
+            keys = [field.alias or name for name, field in parent_model.model_fields.items()]
+            close = difflib.get_close_matches(loc[-1], keys, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(keys)})"
         return f"{path}: unknown key{hint}"
     if kind in ("union_tag_invalid", "literal_error") and loc and loc[-1] == "kind" or kind == "union_tag_invalid":
         bad = value.get("kind") if isinstance(value, dict) else value

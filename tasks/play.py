@@ -54,6 +54,8 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
         if address:
             kwargs["address"] = address
         else:
+            # "local": a new Ray of our own, never a cluster someone else started on this machine.
+            kwargs["address"] = "local"
             kwargs["num_cpus"] = num_cpus or os.cpu_count() or 2
             kwargs["include_dashboard"] = dashboard
             kwargs["object_store_memory"] = 1 << 30

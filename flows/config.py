@@ -18,11 +18,12 @@ from typing import Annotated, Any, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from populations.spec import PopulationSpec, load_spec
+from populations.spec import PopulationSpec, SpecError, load_spec, parse_spec
 from prompts.modes import MODES, custom_mode
 from tasks import engines
 from tasks.engines.mixture import MixtureSpec
 from tasks.environment import GameOverride, GameRule, Groups, parse_fraction
+from tasks.personas import Backstories
 from tasks.play import Arm
 
 
@@ -50,6 +51,7 @@ class PopulationConfig(Strict):
     attributes: dict[str, Any] | None = Field(None, description="Inline attributes, in the spec file format (instead of `spec`).")
     sampling: str | None = Field(None, description="Override the spec's sampling mode: quota or iid.")
     size: int = Field(100, gt=0, description="Number of agents.")
+    backstories: Backstories = Field(default_factory=Backstories, description="LLM-written backgrounds for personas.")
 
     def load(self) -> PopulationSpec:
         """The population spec this config names (inline attributes win over the file)."""
@@ -57,13 +59,16 @@ class PopulationConfig(Strict):
             data: dict[str, Any] = {"name": "inline", "attributes": self.attributes}
             base = None
         elif self.spec is not None:
-            base = load_spec(self.spec)
+            try:
+                base = load_spec(self.spec)
+            except SpecError as exc:
+                raise SpecError(f"population.spec: {exc}") from None
             data = base.model_dump()
         else:
             return PopulationSpec(name="anonymous", attributes={})
         if self.sampling:
             data["sampling"] = self.sampling
-        return PopulationSpec.model_validate(data) if base is None or self.sampling else base
+        return parse_spec(data, "population") if base is None or self.sampling else base
 
 
 class CustomPrompt(Strict):
@@ -286,6 +291,8 @@ def format_error(exc: ValidationError, data: Any = None) -> str:
         return f"{path if loc[-1] == 'kind' else path + '.kind'}: unknown engine {bad!r}; available: {', '.join(engines.available())}"
     if kind == "missing":
         return f"{path}: required"
+    if kind == "value_error" and not loc:  # whole-config checks name their own field path
+        return message.removeprefix("Value error, ")
     if kind in ("value_error", "assertion_error"):
         message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if isinstance(value, (str, int, float)) and repr(value) not in message and str(value) not in message:

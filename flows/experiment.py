@@ -79,7 +79,10 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     warehouse.begin_experiment(
         cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
-    personas = personas_stage(cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse)
+    personas = personas_stage(
+        cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
+        cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
+    )
     if cfg.groups is not None:
         personas = personas.with_columns(cfg.groups.assign(personas, cfg.seed))
         warehouse.write_groups(cfg.experiment_id, personas.select("agent_id", "group"))

@@ -16,12 +16,17 @@ from typing import Any, Callable
 
 import numpy as np
 import polars as pl
-import ray
+
+# Under `uv run`, Ray would start workers with `uv run` in a copy of the project: a fresh
+# environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
+# instead; set RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 to get Ray's behaviour back.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+import ray  # noqa: E402
 from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks import progress
-from tasks.engines import EngineSpec
+from tasks.engines import CompletionBatch, EngineSpec, RequestBatch
 from tasks.engines.mixture import MixtureSpec, shard_index
 from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context, groups_context, population_context
 from warehouse.store import Warehouse
@@ -44,6 +49,10 @@ class AgentWorker:
 
     def play(self, job: ShardJob) -> ShardResult:
         return self.player.play(job, node=self.node)
+
+    def complete(self, batch: RequestBatch) -> CompletionBatch:
+        """Completions from this actor's engine outside a game (e.g. persona backstories)."""
+        return self.player.engine.generate(batch)
 
     def where(self) -> dict[str, Any]:
         return {"node": self.node, "worker": self.player.worker, "pid": os.getpid()}
@@ -85,9 +94,10 @@ class WorkerPool:
         }
         self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
 
-    def run(self, jobs: list[ShardJob], on_result: Callable[[ShardJob, ShardResult], None]) -> None:
-        """Play every job, calling ``on_result`` in the driver as each shard finishes."""
-        run_pools([(self, jobs)], on_result)
+    def run(self, jobs: list[Any], on_result: Callable[[Any, Any], None], method: str = "play") -> None:
+        """Play every job (or pass each to the actors' ``method``), calling ``on_result``
+        in the driver as each one finishes."""
+        run_pools([(self, jobs)], on_result, method)
 
     def shutdown(self) -> None:
         for actor in self.actors:
@@ -95,7 +105,9 @@ class WorkerPool:
         self.actors = []
 
 
-def run_pools(work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable[[ShardJob, ShardResult], None]) -> None:
+def run_pools(
+    work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable[[ShardJob, ShardResult], None], method: str = "play"
+) -> None:
     """Play each pool's jobs on that pool, all pools at once (the engines of a mixture),
     calling ``on_result`` in the driver as each shard finishes."""
     queues = [(pool, deque(jobs), [0] * len(pool.actors)) for pool, jobs in work]
@@ -108,7 +120,7 @@ def run_pools(work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable
                 if load[index] >= IN_FLIGHT_PER_ACTOR:
                     break
                 job = pending.popleft()
-                running[pool.actors[index].play.remote(job)] = (job, p, index)
+                running[getattr(pool.actors[index], method).remote(job)] = (job, p, index)
                 load[index] += 1
 
     submit()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import duckdb
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Each entry upgrades the schema from version (index) to version (index + 1).
 MIGRATIONS: list[str] = [
@@ -101,7 +101,27 @@ MIGRATIONS: list[str] = [
         agent_id BIGINT NOT NULL
     );
     """,
-    # 1 -> 2: groups (nested environments): who plays in which group, and each group's
+    # 1 -> 2: LLM-written persona backstories, cached across runs and experiments
+    """
+    CREATE TABLE IF NOT EXISTS backstories (
+        key               VARCHAR PRIMARY KEY,  -- sha256 of (attributes, template_hash, model, seed, sampling)
+        attributes        JSON NOT NULL,
+        template_hash     VARCHAR NOT NULL,
+        engine            VARCHAR NOT NULL,
+        model             VARCHAR NOT NULL,
+        seed              BIGINT NOT NULL,
+        temperature       DOUBLE NOT NULL,
+        max_tokens        INTEGER NOT NULL,
+        prompt            VARCHAR NOT NULL,
+        raw               VARCHAR NOT NULL,
+        background        VARCHAR NOT NULL,
+        prompt_tokens     INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        latency_s         DOUBLE NOT NULL,
+        created_at        TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    """,
+    # 2 -> 3: groups (nested environments): who plays in which group, and each group's
     # own outcome and winners every round, beside the global `rounds` and `winners`
     """
     CREATE TABLE IF NOT EXISTS group_members (

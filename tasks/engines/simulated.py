@@ -162,8 +162,8 @@ class SimulatedEngine:
             time.sleep(waves * self.spec.latency_s)
         wave = np.arange(n, dtype=np.int64) // self.spec.concurrency
         latency = (wave + 1) * self.spec.latency_s
-        if batch.constraint is None:  # a free-text (reasoning) request
-            text = ["(simulated: no reasoning)"] * n
+        if batch.constraint is None:  # free text (reasoning, backstories): a labelled stand-in
+            text = self._free_text(batch)
         else:
             text = self._decide(batch)
         prompt_tokens = pl.Series(batch.prompt, dtype=pl.String).str.count_matches(r"\S+").to_numpy()
@@ -175,6 +175,12 @@ class SimulatedEngine:
             attempts=np.ones(n, np.int64),
             error=[None] * n,
         )
+
+    def _free_text(self, batch: RequestBatch) -> list[str]:
+        """Deterministic, clearly labelled text: a digest of (prompt, seed), no model."""
+        digest = pl.Series(batch.prompt, dtype=pl.String).hash(seed=0).to_numpy() ^ np.asarray(batch.seed, dtype=np.uint64)
+        codes = pl.Series(splitmix64(digest) >> np.uint64(32)).cast(pl.String)
+        return pl.select(pl.concat_str(pl.lit("(simulated text #"), codes, pl.lit(")"))).to_series().to_list()
 
     def _decide(self, batch: RequestBatch) -> list[str]:
         values = decide(self.spec, batch.constraint, np.asarray(batch.seed, dtype=np.uint64), batch.rule)

@@ -8,7 +8,8 @@ Each config runs with ``--set``-style overrides: 5 agents, at most 2 rounds, one
 - in a ``mixture``, the first LLM component becomes llamacpp Gemma and the others become
   simulated behavioural rules (cognitive_hierarchy, uniform): the point there is several
   engines in one game, not three LLMs, and three Gemma actors would triple the cost;
-- simulated engines (behavioural baselines) are kept as they are.
+- simulated engines (behavioural baselines) are kept as they are;
+- LLM-written backstories (``population.backstories``) are written by Gemma, 16 tokens each.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def tiny(data: dict) -> list[str]:
             overrides.append(f"arms.games.{i}.rounds={MAX_ROUNDS}")
     if "engines" in arms:
         overrides.append("arms.engines=" + json.dumps([_cpu_engine(e) for e in arms["engines"]]))
+    backstories = data.get("population", {}).get("backstories", {})
+    if backstories.get("enabled"):  # LLM-written backstories: Gemma writes short ones
+        overrides += ["population.backstories.engine=" + json.dumps(_cpu_engine(backstories.get("engine", GEMMA))),
+                      "population.backstories.max_tokens=16"]
     return overrides
 
 

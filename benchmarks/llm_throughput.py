@@ -15,7 +15,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -54,6 +54,7 @@ class Timing:
     label: str
     seconds: list[float]
     answers: int
+    cpu_seconds: list[float] = field(default_factory=list)  # CPU time of this process (all threads)
 
     @property
     def rate(self) -> float:
@@ -71,12 +72,13 @@ def workload(n: int, seed: int, threads: int) -> Workload:
 
 
 def timed(label: str, run: Callable[[], list[str]], repeat: int, answers: int) -> tuple[Timing, list[str]]:
-    seconds, texts = [], []
+    seconds, cpu, texts = [], [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         texts = run()
         seconds.append(time.perf_counter() - start)
-    return Timing(label, seconds, answers), texts
+        cpu.append(time.process_time() - start_cpu)
+    return Timing(label, seconds, answers, cpu), texts
 
 
 # ------------------------------------------------------------------------------ llama.cpp
@@ -109,8 +111,10 @@ def bench_llamacpp(work: Workload, repeat: int) -> list[Timing]:
         for _ in range(repeat):
             t, plain_texts = timed(base.label, plain, 1, len(batch))
             base.seconds += t.seconds
+            base.cpu_seconds += t.cpu_seconds
             t, ours = timed(keynes.label, lambda: engine.generate(batch).text, 1, len(batch))
             keynes.seconds += t.seconds
+            keynes.cpu_seconds += t.cpu_seconds
     finally:
         engine.close()
         llm.close()
@@ -143,7 +147,9 @@ def main() -> None:
         base, keynes = SECTIONS[name](work, args.repeat)
         for t in (base, keynes):
             runs = ", ".join(f"{s:.1f}" for s in t.seconds)
-            print(f"  {t.label:<34} {t.rate:8.2f} answers/s   (runs: {runs} s; median {statistics.median(t.seconds):.1f} s)")
+            cpu = min(t.cpu_seconds) / t.answers if t.cpu_seconds else float("nan")
+            print(f"  {t.label:<34} {t.rate:8.2f} answers/s   (runs: {runs} s; median {statistics.median(t.seconds):.1f} s; "
+                  f"{cpu * 1000:.0f} ms CPU per answer)")
         print(f"  ratio keynes / plain: {keynes.rate / base.rate:.2f}   (goal >= 0.9)")
 
 

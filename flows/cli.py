@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 # Before Prefect is imported anywhere: its settings are read at import.
+_LOG_LEVEL_CHOSEN = "PREFECT_LOGGING_LEVEL" in os.environ
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -94,8 +95,52 @@ def run(
             ray.shutdown()
     console.print(
         f"done: {summary['rounds_played']} round(s) played, {summary['rows_written']:,} guesses written. "
-        f"Query them: keynes sql --db {cfg.db} \"select * from rounds\"", highlight=False,
+        f"Query them: keynes sql --db {cfg.db} \"select * from round_summary\"", highlight=False,
     )
+    if summary.get("report"):
+        console.print(f"report: {summary['report']}", highlight=False)
+
+
+@app.command()
+def serve(
+    configs: Annotated[list[Path], typer.Argument(help="Experiment configs (YAML): one deployment each.")],
+    db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse of every deployment (default: each config's `db`).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field in every deployment: dotted.key=value (repeatable).")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Flow runs at once across deployments (each starts its own local Ray unless workers.ray_address is set).")] = 1,
+) -> None:
+    """Serve deployments of the experiment flow, with each config's schedule, until stopped.
+
+    Runs start on schedule (`schedule: {cron: ...}` or `{interval_s: ...}` in the config) or
+    from the Prefect UI / `prefect deployment run 'experiment/NAME'`. Needs a Prefect server:
+    `prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api`.
+
+    Example: keynes serve experiments/quickstart.yaml --set population.size=1000
+    """
+    if not _LOG_LEVEL_CHOSEN:  # flow-run logs belong in the UI
+        os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
+    from flows.config import ConfigError, load_config
+
+    overrides = list(set_ or [])
+    try:
+        for config in configs:
+            _check_db(Path(load_config(config, overrides + ([f"db={db}"] if db else [])).db))
+        from flows.deploy import deployments_for, ping, serve as serve_deployments
+
+        deployments = deployments_for(list(configs), overrides, db)
+    except ConfigError as exc:
+        fail(str(exc))
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if not api:
+        fail("PREFECT_API_URL is not set: start a server (prefect server start) and "
+             "export PREFECT_API_URL=http://127.0.0.1:4200/api")
+    problem = ping(api)
+    if problem:
+        fail(f"PREFECT_API_URL {api}: {problem}")
+    for deployment in deployments:
+        console.print(f"[bold]experiment/{deployment.name}[/]: {deployment.description}", highlight=False)
+    serve_deployments(deployments, limit=limit)
 
 
 @app.command()
@@ -133,6 +178,136 @@ def sql(
         out.print(table)
 
 
+@app.command()
+def personas(
+    spec: Annotated[Path, typer.Argument(help="A population spec (YAML); names are also looked up in populations/.")],
+    n: Annotated[int, typer.Option("--n", help="How many personas to sample.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="The seed every draw derives from.")] = 0,
+    db: Annotated[Optional[Path], typer.Option("--db", help="Store the personas in this DuckDB warehouse.")] = None,
+    backstories: Annotated[bool, typer.Option("--backstories", help="Write a backstory for every persona with an LLM (needs --db: they are cached there).")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="The engine kind that writes backstories (llamacpp: Gemma 3 270M).")] = "llamacpp",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Token budget of one backstory.")] = 96,
+    actors: Annotated[int, typer.Option("--actors", help="Ray actors that write backstories.")] = 1,
+    show: Annotated[int, typer.Option("--show", help="Also print the first N personas.")] = 0,
+) -> None:
+    """Sample a population (and store it) and print expected vs sampled shares per attribute.
+
+    Example: keynes personas populations/education.yaml --n 1000 --seed 7 --db keynes.duckdb
+    """
+    from populations.spec import SpecError, load_spec
+    from populations.summary import share_report
+
+    try:
+        population = load_spec(spec)
+    except SpecError as exc:
+        fail(str(exc))
+    if n <= 0:
+        fail(f"--n: population size must be positive, got {n}")
+    if backstories and db is None:
+        fail("--backstories: needs --db (backstories are cached in the warehouse)")
+    if db is not None and not db.parent.is_dir():
+        fail(f"--db: directory {str(db.parent)!r} of {str(db)!r} does not exist")
+    from tasks.personas import Backstories, make_personas, population_id
+    from warehouse.store import Warehouse, WarehouseError
+
+    settings = None
+    if backstories:
+        from pydantic import ValidationError
+
+        try:
+            settings = Backstories(enabled=True, engine={"kind": engine}, max_tokens=max_tokens)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            option = "--max-tokens" if error["loc"] and error["loc"][0] == "max_tokens" else "--engine"
+            fail(f"{option}: {error['msg'].removeprefix('Value error, ')}")
+    warehouse = Warehouse(db) if db is not None else None
+    try:
+        frame, counts = make_personas(population, n, seed, warehouse, settings, actors)
+        stored = warehouse.write_personas(population_id(population, n, seed, settings), frame) if warehouse else 0
+    except (WarehouseError, ValueError) as exc:
+        fail(str(exc).splitlines()[0])
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    report = share_report(population, frame)
+    table = Table(show_header=True, header_style="bold", title=f"{population.name}: {n:,} personas ({population.sampling}, seed {seed})")
+    for column in ("attribute", "value", "expected", "sampled", "count"):
+        table.add_column(column, justify="right" if column in ("expected", "sampled", "count") else "left")
+    for row in report.iter_rows(named=True):
+        expected = "" if row["expected"] is None else f"{row['expected']:.4f}"
+        table.add_row(row["attribute"], row["value"], expected, f"{row['sampled']:.4f}", f"{row['count']:,}")
+    out.print(table)
+    if show:
+        out.print(frame.head(show))
+    if counts:
+        console.print(f"backstories: {counts['generated']} generated, {counts['reused']} reused, {counts['failed']} failed", highlight=False)
+    if warehouse is not None:
+        pid = population_id(population, n, seed, settings)
+        what = f"stored {stored:,} personas" if stored else "already stored"
+        console.print(f"{what} as {pid!r} in {db}. Query them: keynes sql --db {db} \"select * from personas where experiment_id = '{pid}'\"", highlight=False)
+
+
+@app.command()
+def report(
+    db: Annotated[Path, typer.Option("--db", help="The DuckDB warehouse.")] = Path("keynes.duckdb"),
+    experiment: Annotated[Optional[str], typer.Option("--experiment", help="An experiment name (its newest run) or id; default: every experiment.")] = None,
+    out_: Annotated[Path, typer.Option("--out", help="The HTML file (one per experiment: <stem>-<experiment id>.html when there are several).")] = Path("report.html"),
+    serve: Annotated[bool, typer.Option("--serve", help="Serve live pages on 127.0.0.1 instead of writing a file.")] = False,
+    port: Annotated[int, typer.Option("--port", help="The port of --serve.")] = 5006,
+) -> None:
+    """Build the report page of an experiment: one offline HTML file, or live pages.
+
+    Example: keynes report --db keynes.duckdb --experiment quickstart --out report.html
+    """
+    from reports.data import ExperimentNotFound
+    from warehouse.store import WarehouseError
+
+    if not db.exists():
+        fail(f"--db: {str(db)!r} does not exist")
+    try:
+        if serve:
+            from reports.export import serve as serve_pages
+
+            console.print(f"serving on http://127.0.0.1:{port}/ (Ctrl-C stops)", highlight=False)
+            serve_pages(db, experiment, port=port)
+            return
+        if not out_.parent.exists():
+            fail(f"--out: directory {str(out_.parent)!r} does not exist")
+        from reports.export import write_reports
+
+        for path in write_reports(db, out_, experiment):
+            out.print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)", highlight=False)
+    except (ExperimentNotFound, WarehouseError) as exc:
+        fail(str(exc).strip("'\""))
+
+
+@app.command("export")
+def export_tables(
+    directory: Annotated[Path, typer.Argument(help="The folder to write (created if missing).")],
+    db: Annotated[Path, typer.Option("--db", help="The DuckDB warehouse.")] = Path("keynes.duckdb"),
+    format_: Annotated[str, typer.Option("--format", help="File format: parquet or csv.")] = "parquet",
+    views: Annotated[bool, typer.Option("--views/--no-views", help="Also write every named view.")] = False,
+) -> None:
+    """Write every table of the warehouse to DIRECTORY, one file per table (read-only).
+
+    Example: keynes export --format parquet out/
+    """
+    from warehouse.export import FORMATS, export
+    from warehouse.store import Warehouse, WarehouseError
+
+    if format_ not in FORMATS:
+        fail(f"--format: {format_!r} is not one of {', '.join(FORMATS)}")
+    if not db.exists():
+        fail(f"--db: {str(db)!r} does not exist")
+    try:
+        for item in export(Warehouse(db), directory, format_, views=views):
+            out.print(f"{item.path}  {item.rows:,} rows", highlight=False)
+    except WarehouseError as exc:
+        fail(str(exc))
+
+
 @app.command("config")
 def config_reference() -> None:
     """Print every config field with its description.
@@ -145,7 +320,11 @@ def config_reference() -> None:
 
     def walk(model: type[BaseModel], prefix: str = "") -> None:
         for name, field in model.model_fields.items():
+            name = field.alias or name  # `continue` is spelled `continue_` in Python
             annotation = field.annotation
+            if getattr(annotation, "__args__", None) and type(None) in annotation.__args__:
+                inner = [a for a in annotation.__args__ if a is not type(None)]
+                annotation = inner[0] if len(inner) == 1 else annotation  # `X | None` documents X
             default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 out.print(f"[bold]{prefix}{name}[/]: {field.description}", highlight=False)
@@ -154,6 +333,28 @@ def config_reference() -> None:
                 out.print(f"[bold]{prefix}{name}[/]: {field.description}{default}", highlight=False)
 
     walk(ExperimentConfig)
+
+
+bench = typer.Typer(no_args_is_help=True, help="Benchmarks that print comparable figures (benchmarks/ in the source tree).")
+app.add_typer(bench, name="bench")
+
+
+@bench.command("scale", add_help_option=False, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_scale(ctx: typer.Context) -> None:
+    """The paper's million-agent benchmark through the real flow; options as benchmarks/scale.py --help.
+
+    Example: keynes bench scale --sizes 10000,100000
+    """
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"
+    if not script.exists():
+        fail(f"{script}: not found (benchmarks run from a keynes source checkout)")
+    spec = importlib.util.spec_from_file_location("keynes_bench_scale", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    module.main(list(ctx.args))
 
 
 def main() -> None:

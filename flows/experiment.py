@@ -2,27 +2,27 @@
 
 The flow only calls the stages in order; each stage is a task in ``tasks/``. Rerunning
 the same config resumes: finished rounds are skipped, missing shards are played, no
-row is written twice.
+row is written twice. With ``continue: true`` each run plays only the next round.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NONE
+from prefect import flow, get_run_logger
+from prefect.states import Completed
 
-from flows.config import ExperimentConfig, load_config
-from tasks.environment import outcome
-from tasks.personas import personas_stage
-from tasks.play import Arm, ensure_ray, play_round, shutdown_pools
-from tasks.store import load_round, store_outcome
+from flows import monitor, policies
+from flows.config import ConfigError, ExperimentConfig, load_config
+from tasks import progress
+from tasks.play import Arm, ensure_ray, shutdown_pools
+from tasks.report import report_stage
+from tasks.worker import check_prompt_inputs
 from warehouse.store import Warehouse
-
-environment_stage = task(name="environment", cache_policy=NONE)(outcome)
 
 
 def run_row(config: ExperimentConfig, arm: Arm) -> dict[str, Any]:
@@ -50,13 +50,53 @@ def run_row(config: ExperimentConfig, arm: Arm) -> dict[str, Any]:
     }
 
 
+def round_plan(cfg: ExperimentConfig, arms: list[Arm], finished: dict[str, set[int]]) -> dict[str, list[int]]:
+    """The rounds each arm plays in this run: every unfinished one, or with
+    ``continue: true`` only the next unfinished one."""
+    plan = {}
+    for arm in arms:
+        todo = [r for r in range(1, arm.rule.rounds + 1) if r not in finished.get(arm.run_id, set())]
+        plan[arm.run_id] = todo[:1] if cfg.continue_ else todo
+    return plan
+
+
 def _flow_run_name() -> str:
+    """``<experiment id>: <agents> × <arms> …, round <r> of <n>`` (falls back to the file name)."""
     from prefect.runtime import flow_run
 
     params = flow_run.parameters
     source = params.get("config")
-    name = source.get("name", "inline") if isinstance(source, dict) else Path(str(source)).stem
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    fallback = source.get("name", "inline") if isinstance(source, dict) else Path(str(source)).stem
+    try:
+        db = params.get("db")
+        cfg = load_config(source, list(params.get("overrides") or []) + ([f"db={db}"] if db else []))
+    except Exception:
+        return f"{fallback}-{time.strftime('%Y%m%d-%H%M%S')}"
+    arms = cfg.arms_list()
+    head = f"{cfg.experiment_id}: {cfg.population.size:,} agents × {len(arms)} arm(s)"
+    if not cfg.continue_:
+        return f"{head} × {cfg.game.rounds} round(s)"
+    try:  # read-only and brief: a name is not worth waiting for a busy warehouse
+        finished = _finished_rounds(Warehouse(cfg.db, lock_timeout_s=2), arms, read_only=True)
+    except Exception:
+        return f"{head}, next round"
+    todo = [r[0] for r in round_plan(cfg, arms, finished).values() if r]
+    return f"{head}, round {min(todo)} of {cfg.game.rounds}" if todo else f"{head}, all {cfg.game.rounds} round(s) done"
+
+
+def _finished_rounds(warehouse: Warehouse, arms: list[Arm], read_only: bool = False) -> dict[str, set[int]]:
+    """Rounds whose outcome is committed, per arm (none when the file does not exist yet)."""
+    if not warehouse.path.exists():
+        return {}
+    if read_only:
+        frame = warehouse.query(
+            "SELECT run_id, round FROM rounds WHERE list_contains(?, run_id)", [[a.run_id for a in arms]]
+        )
+        out: dict[str, set[int]] = {}
+        for run_id, round_ in frame.iter_rows():
+            out.setdefault(run_id, set()).add(round_)
+        return out
+    return {arm.run_id: set(warehouse.finished_rounds(arm.run_id)) for arm in arms}
 
 
 @flow(name="experiment", flow_run_name=_flow_run_name, log_prints=True)
@@ -64,54 +104,123 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     """Run (or resume) an experiment.
 
     Args:
-        config: a YAML config path, or the config itself as a mapping.
-        overrides: ``dotted.key=value`` settings applied on top of the config.
-        db: the warehouse file (overrides ``db`` in the config).
+        config: a YAML config path (on the machine that serves the deployment), or the
+            config itself as a mapping.
+        overrides: ``dotted.key=value`` settings applied on top of the config, e.g.
+            ``population.size=1000``.
+        db: the DuckDB warehouse file (overrides ``db`` in the config).
 
     Returns:
-        A summary: experiment id, database, arms, rounds played and rows written.
+        A summary: experiment id, database, arms, rounds played and rows written, and
+        whether every round of every arm is now played (``complete``).
     """
     cfg = load_config(config, list(overrides or []) + ([f"db={db}"] if db else []))
     logger = get_run_logger()
     warehouse = Warehouse(cfg.db)
+    arms = cfg.arms_list()
+    finished = _finished_rounds(warehouse, arms)
+    plan = round_plan(cfg, arms, finished)
+    summary: dict[str, Any] = {
+        "experiment_id": cfg.experiment_id, "db": str(cfg.db), "arms": len(arms),
+        "rounds_played": 0, "rows_written": 0, "rounds": {}, "complete": False,
+    }
+    if not any(plan.values()):
+        # Nothing to play (e.g. a scheduled `continue: true` experiment that reached game.rounds):
+        # end at once, without starting Ray, and say so where the user looks (log and state).
+        _close_statuses(warehouse, cfg, arms)
+        message = (
+            f"experiment {cfg.experiment_id} is complete: all {cfg.game.rounds} round(s) of {len(arms)} arm(s) "
+            f"are in {cfg.db}; nothing to play"
+        )
+        logger.info(message)
+        summary["complete"] = True
+        return Completed(message=message, data=summary)  # type: ignore[return-value]
+
     warehouse.begin_experiment(
         cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
-    personas = personas_stage(cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse)
+    personas = policies.personas(
+        cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
+        cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
+    )
+    if cfg.groups is not None:
+        personas = personas.with_columns(cfg.groups.assign(personas, cfg.seed))
+        warehouse.write_groups(cfg.experiment_id, personas.select("agent_id", "group"))
+    for arm in arms:
+        try:
+            check_prompt_inputs(arm, personas)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
     if ray_info.get("dashboard_url"):
-        logger.info("Ray dashboard: http://%s", ray_info["dashboard_url"])
-    arms = cfg.arms_list()
+        print(f"Ray dashboard: {monitor.publish_dashboard(ray_info['dashboard_url'])}")
+        summary["dashboard_url"] = ray_info["dashboard_url"]
     for arm in arms:
         warehouse.begin_run(run_row(cfg, arm))
-    summary: dict[str, Any] = {"experiment_id": cfg.experiment_id, "db": str(cfg.db), "arms": len(arms), "rounds_played": 0, "rows_written": 0}
-    try:
-        # Arms that share an engine run back to back on the same actors; the pool is
-        # released before the next engine loads its model.
-        for _, same_engine in groupby(arms, key=lambda a: a.engine.key):
-            for arm in same_engine:
-                _play_arm(cfg, arm, personas, warehouse, summary)
+    since = datetime.now(timezone.utc)
+    # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
+    with progress.reporting(monitor.Fanout(progress.current(), monitor.ArtifactProgress())):
+        try:
+            # Arms that share an engine run back to back on the same actors; the pool is
+            # released before the next engine loads its model.
+            for _, same_engine in groupby(arms, key=lambda a: a.engine.key):
+                for arm in same_engine:
+                    _play_arm(cfg, arm, plan[arm.run_id], finished.get(arm.run_id, set()), personas, warehouse, summary, since)
+                shutdown_pools()
+        finally:
             shutdown_pools()
-    finally:
-        shutdown_pools()
-    warehouse.finish_experiment(cfg.experiment_id)
+    summary["complete"] = all(summary["rounds"][a.run_id]["complete"] for a in arms)
+    warehouse.finish_experiment(cfg.experiment_id, "completed" if summary["complete"] else "waiting")
+    # Stage 5: the report page, linked in the UI. A failed report loses nothing: the
+    # guesses are stored and `keynes report` can build the page later.
+    summary["report"] = None
+    if cfg.report.enabled and summary["complete"]:
+        state = report_stage(str(cfg.db), cfg.experiment_id, cfg.report_path, return_state=True)
+        if state.is_completed():
+            summary["report"] = state.result()
+            monitor.publish_report(summary["report"], cfg.experiment_id)
+            logger.info("report: %s", summary["report"])
+        else:
+            logger.error("report failed: %s", state.message)
     logger.info(
-        "experiment %s: %d arm(s), %d round(s) played, %d guesses written to %s",
+        "experiment %s: %d arm(s), %d round(s) played, %d guesses written to %s%s",
         cfg.experiment_id, len(arms), summary["rounds_played"], summary["rows_written"], cfg.db,
+        "" if summary["complete"] else " (continue: the next run plays the next round)",
     )
     return summary
 
 
-def _play_arm(cfg: ExperimentConfig, arm: Arm, personas, warehouse: Warehouse, summary: dict[str, Any]) -> None:
-    finished = set(warehouse.finished_rounds(arm.run_id))
-    for round_ in range(1, arm.rule.rounds + 1):
-        if round_ in finished:
-            continue
+def _play_arm(
+    cfg: ExperimentConfig, arm: Arm, rounds: list[int], finished: set[int], personas, warehouse: Warehouse,
+    summary: dict[str, Any], since: datetime,
+) -> None:
+    for round_ in rounds:
         start = time.perf_counter()
-        played = play_round(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
-        guesses = load_round(warehouse, arm.run_id, round_, personas.height)
-        result = environment_stage(guesses, arm.rule)
-        store_outcome(warehouse, arm.run_id, round_, result, time.perf_counter() - start)
+        played = policies.play(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
+        guesses = policies.load(warehouse, arm.run_id, round_, personas.height)
+        result = policies.environment(arm.run_id, round_)(guesses, arm.rule)
+        groups = (
+            policies.groups(arm.run_id, round_)(guesses, personas.select("agent_id", "group"), arm.rule)
+            if "group" in personas.columns else None
+        )
+        seconds = time.perf_counter() - start
+        policies.store(warehouse, arm.run_id, round_, result, seconds, groups)
+        monitor.publish_round(arm, round_, result, seconds)
+        monitor.publish_workers(warehouse, cfg.experiment_id, since)
         summary["rounds_played"] += 1
         summary["rows_written"] += played["written"]
-    warehouse.finish_run(arm.run_id)
+    complete = finished.union(rounds) >= set(range(1, arm.rule.rounds + 1))
+    summary["rounds"][arm.run_id] = {"played": rounds, "complete": complete}
+    warehouse.finish_run(arm.run_id, "completed" if complete else "waiting")
+
+
+def _close_statuses(warehouse: Warehouse, cfg: ExperimentConfig, arms: list[Arm]) -> None:
+    """Mark a fully played experiment completed if a crash left it marked otherwise."""
+    statuses = warehouse.query(
+        "SELECT status FROM runs WHERE experiment_id = ? UNION ALL SELECT status FROM experiments WHERE experiment_id = ?",
+        [cfg.experiment_id, cfg.experiment_id],
+    )["status"].to_list()
+    if statuses and set(statuses) != {"completed"}:
+        for arm in arms:
+            warehouse.finish_run(arm.run_id)
+        warehouse.finish_experiment(cfg.experiment_id)

@@ -1,4 +1,6 @@
-"""Populations: demographic specs (YAML) and the persona sampler.
+"""Populations: demographic specs (YAML), the persona sampler, names and the plain parts
+of the backstory pipeline (cache keys, cleaning a model's continuation).
 
-Plain Python (numpy, polars, pydantic): knows nothing about Prefect, Ray or engines.
+Plain Python (numpy, polars, pydantic, Faker's name lists): knows nothing about Prefect,
+Ray or engines.
 """

@@ -21,14 +21,24 @@ from prompts.modes import TEMPLATE_DIR
 AGENT_VARIABLES = ("persona", "own_guesses", "group")
 
 
+def format_number(value: Any) -> str:
+    """Numbers as people write them: 27 not 27.0, at most two decimals; text unchanged."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    text = f"{float(value):.2f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
 @lru_cache(maxsize=None)
 def _environment(directory: str) -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([directory, str(TEMPLATE_DIR)]),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=False,
         autoescape=False,
     )
+    env.filters["num"] = format_number
+    return env
 
 
 @lru_cache(maxsize=None)

@@ -72,19 +72,58 @@ class GameRule(BaseModel):
 
     @property
     def equilibrium(self) -> float:
-        """The Nash equilibrium offset / (1 − ratio), clamped to [low, high] (high when ratio ≥ 1)."""
+        """The Nash equilibrium: the fixed point x = clamp(ratio × x + offset).
+
+        For ratio < 1 it is unique, offset / (1 − ratio) clamped to [low, high]: 0 for
+        2/3, 10 for "5 + 1/2 of the average". For ratio ≥ 1 it is ``high``: everyone
+        naming the upper bound is an equilibrium (the only one reached by iterated best
+        responses from inside the range when ratio > 1 or offset > 0).
+        """
         if self.fraction >= 1:
             return self.high
-        return _clamp(self.offset / float(1 - self.fraction), self.low, self.high)
+        return _clamp(float(Fraction(self.offset) / (1 - self.fraction)), self.low, self.high)
 
     def target(self, mean: float) -> float:
         """ratio × mean + offset, clamped to [low, high]."""
         return _clamp(float(self.fraction) * mean + self.offset, self.low, self.high)
 
+    def best_response(self, believed_mean: float) -> float:
+        """The number a player names who believes the mean will be ``believed_mean``
+        (the target they expect, ignoring their own weight in the mean: a large population)."""
+        return self.target(believed_mean)
+
+    def with_overrides(self, **changes: object) -> "GameRule":
+        """A validated copy with some fields changed (the arms' ``games`` entries)."""
+        return GameRule.model_validate({**self.model_dump(), **changes})
+
     def describe(self) -> str:
         """The rule in words, e.g. "2/3 of the average" or "5 + 1/2 of the average"."""
         core = f"{self.ratio} of the average"
         return f"{_fmt(self.offset)} + {core}" if self.offset else core
+
+
+class GameOverride(BaseModel):
+    """Some fields of a game rule, changed for some arms (``arms.games``); the rest come
+    from the experiment's ``game``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ratio: str | None = Field(None, description="The multiplier of the mean, an exact fraction.")
+    offset: float | None = Field(None, description="Added to ratio × mean.")
+    low: float | None = Field(None, ge=0, description="The smallest number a player may name.")
+    high: float | None = Field(None, description="The largest number a player may name.")
+    rounds: int | None = Field(None, ge=1, description="How many rounds are played.")
+    answers: Literal["integer", "real"] | None = Field(None, description="integer or real answers.")
+    tolerance: float | None = Field(None, ge=0, description="Guesses this near the target also win.")
+
+    @field_validator("ratio", mode="before")
+    @classmethod
+    def _exact_ratio(cls, value: object) -> str | None:
+        return None if value is None else GameRule._exact_ratio(value)
+
+    def apply(self, rule: GameRule) -> GameRule:
+        """The rule with these fields changed (validated as a whole)."""
+        return rule.with_overrides(**self.model_dump(exclude_none=True))
 
 
 @dataclass(frozen=True)
@@ -145,6 +184,57 @@ def outcome(guesses: pl.DataFrame, rule: GameRule) -> RoundOutcome:
         winning_guess=best,
         winners=np.sort(won["agent_id"].to_numpy()),
     )
+
+
+class Groups(BaseModel):
+    """The paper's nested environments: the population split into groups that each play
+    their own game (own mean, target and winners) beside the game of everyone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    by: str | None = Field(None, description="A persona attribute: one group per value (e.g. education).")
+    rooms: int | None = Field(None, ge=1, description="Split the population into this many random rooms of (near) equal size.")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "Groups":
+        if (self.by is None) == (self.rooms is None):
+            raise ValueError("set exactly one of `by` (an attribute) or `rooms` (a number of rooms)")
+        return self
+
+    def assign(self, personas: pl.DataFrame, seed: int) -> pl.Series:
+        """The group of every persona (a String series named ``group``, in row order).
+
+        Rooms are balanced: agents are ordered by a key drawn from (seed, agent id) and
+        dealt round-robin, so room sizes differ by at most one and do not depend on sharding.
+        """
+        if self.by is not None:
+            if self.by not in personas.columns:
+                raise ValueError(f"groups.by: {self.by!r} is not a persona attribute")
+            return personas[self.by].cast(pl.String).fill_null("(none)").alias("group")
+        from tasks.seeds import agent_seeds
+
+        ids = personas["agent_id"].to_numpy()
+        rank = np.empty(len(ids), np.int64)
+        rank[np.argsort(agent_seeds(seed, ids, "rooms"), kind="stable")] = np.arange(len(ids))
+        width = len(str(self.rooms))
+        labels = [f"room {i + 1:0{width}d}" for i in range(self.rooms)]
+        return pl.Series("group", rank % self.rooms).replace_strict(list(range(self.rooms)), labels, return_dtype=pl.String)
+
+
+def group_outcomes(guesses: pl.DataFrame, groups: pl.DataFrame, rule: GameRule) -> dict[str, RoundOutcome]:
+    """The outcome of every group, each computed from its own members only.
+
+    Args:
+        guesses: columns ``agent_id``, ``guess``, ``valid`` (as for ``outcome``).
+        groups: columns ``agent_id`` and ``group``.
+        rule: the game rule (every group plays the same rule).
+
+    Returns:
+        Group name → its outcome, sorted by group name.
+    """
+    joined = guesses.join(groups.select("agent_id", "group"), on="agent_id", how="inner")
+    parts = joined.partition_by("group", as_dict=True, maintain_order=True)
+    return {name: outcome(part, rule) for (name,), part in sorted(parts.items())}
 
 
 def _clamp(x: float, low: float, high: float) -> float:

@@ -1,25 +1,224 @@
-"""Stage 1, personas: sample the population once per experiment and store it.
+"""Stage 1, personas: sample the population once per experiment, add backstories, store it.
 
+Backstories are written by an LLM through the engine layer, in batches on Ray workers,
+and cached in the warehouse by (persona attributes, template hash, model, seed,
+sampling): a rerun, or another experiment over the same population, reuses them.
 A rerun of the same experiment reads the stored personas instead of sampling again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import polars as pl
 from prefect import task
 from prefect.cache_policies import NONE
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from populations.backstories import attribute_columns, attributes_json, cache_keys, clean_backstory, template_hash
 from populations.sampler import sample
 from populations.spec import PopulationSpec
+from prompts.modes import TEMPLATE_DIR
+from prompts.render import render
+from tasks import engines, progress
+from tasks.engines import CompletionBatch, EngineSpec, RequestBatch, Sampling
+from tasks.seeds import agent_seeds
+from warehouse.backstories import read_backstories, write_backstories
 from warehouse.store import Warehouse
+
+log = logging.getLogger(__name__)
+
+#: The engine backstories use unless the config names another: Gemma 3 270M on llama.cpp.
+DEFAULT_BACKSTORY_ENGINE = {"kind": "llamacpp"}
+
+
+class Backstories(BaseModel):
+    """LLM-written first-person backgrounds for personas (``population.backstories``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(False, description="Write a backstory for every persona (shown to agents as persona.background).")
+    engine: Any = Field(
+        default_factory=lambda: dict(DEFAULT_BACKSTORY_ENGINE),
+        description="The engine that writes them, a mapping with `kind:` like an arm's engine (default: llamacpp, Gemma 3 270M).",
+    )
+    template: str = Field("backstory.j2", description="The meta-prompt: a Jinja2 template in prompts/ or a path; variable `persona`.")
+    max_tokens: int = Field(96, gt=0, description="Token budget of one backstory.")
+    temperature: float = Field(0.8, ge=0, description="Sampling temperature.")
+    batch_size: int = Field(32, gt=0, description="Personas per engine call (the unit sent to a Ray worker).")
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine(cls, value: Any) -> Any:
+        # Validated here so that a bad engine names its field; kept as a mapping when its
+        # kind is not installed yet, so a config without backstories never needs it.
+        if value == DEFAULT_BACKSTORY_ENGINE:
+            return value
+        return engines.parse_spec(value).model_dump(mode="json")
+
+    def engine_spec(self) -> EngineSpec:
+        """The engine config (raises ValueError naming the available kinds if unknown)."""
+        return engines.parse_spec(self.engine)
+
+    def template_path(self) -> Path:
+        path = Path(self.template)
+        return path if path.is_absolute() or path.exists() else TEMPLATE_DIR / path
 
 
 @task(name="personas", cache_policy=NONE, retries=2, retry_delay_seconds=[1, 5])
-def personas_stage(experiment_id: str, spec: PopulationSpec, size: int, seed: int, warehouse: Warehouse) -> pl.DataFrame:
-    """The experiment's personas: stored ones if present, else sampled and stored."""
+def personas_stage(
+    experiment_id: str,
+    spec: PopulationSpec,
+    size: int,
+    seed: int,
+    warehouse: Warehouse,
+    backstories: Backstories | None = None,
+    actors: int = 1,
+    ray_address: str | None = None,
+    dashboard: bool = False,
+) -> pl.DataFrame:
+    """The experiment's personas: stored ones if present, else sampled (with backstories
+    when enabled) and stored."""
     stored = warehouse.read_personas(experiment_id)
     if stored.height == size:
         return stored
-    personas = sample(spec, size, seed)
+    personas, counts = make_personas(spec, size, seed, warehouse, backstories, actors, ray_address, dashboard)
+    if counts:
+        log.info("backstories: %(generated)d generated, %(reused)d reused, %(failed)d failed", counts)
     warehouse.write_personas(experiment_id, personas)
     return warehouse.read_personas(experiment_id)
+
+
+def make_personas(
+    spec: PopulationSpec,
+    size: int,
+    seed: int,
+    warehouse: Warehouse,
+    backstories: Backstories | None = None,
+    actors: int = 1,
+    ray_address: str | None = None,
+    dashboard: bool = False,
+) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Sample personas and, when enabled, attach backstories (not stored yet).
+
+    Returns:
+        The personas, and the backstory counts (empty without backstories).
+    """
+    personas = sample(spec, size, seed)
+    if backstories is None or not backstories.enabled:
+        return personas, {}
+    return attach_backstories(personas, backstories, seed, warehouse, actors, ray_address, dashboard)
+
+
+def population_id(spec: PopulationSpec, size: int, seed: int, backstories: Backstories | None = None) -> str:
+    """The id a stand-alone population is stored under in ``personas.experiment_id``:
+    the same spec, size, seed (and backstory settings) → the same id."""
+    parts = [spec.model_dump_json(), str(size), str(seed)]
+    if backstories is not None and backstories.enabled:
+        parts.append(backstories.model_dump_json())
+    digest = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:8]
+    return f"population-{spec.name}-n{size}-s{seed}-{digest}"
+
+
+def backstory_requests(personas: pl.DataFrame, settings: Backstories, seed: int, model: str) -> pl.DataFrame:
+    """One row per persona: agent_id, key, attributes (JSON), seed, prompt."""
+    source = settings.template_path()
+    ids = personas["agent_id"].to_numpy().astype(np.int64)
+    seeds = (agent_seeds(seed, ids, "backstory") & np.uint64(0x7FFFFFFF)).astype(np.int64)
+    attributes = attributes_json(personas)
+    columns = attribute_columns(personas)
+    frame = personas.select(pl.struct(columns).alias("persona")) if columns else pl.DataFrame({"_": [None] * personas.height})
+    prompts = render(str(source), {}, frame)
+    keys = cache_keys(attributes, template_hash(source.read_text()), model, seeds, settings.temperature, settings.max_tokens)
+    return pl.DataFrame({"agent_id": ids, "key": keys, "attributes": attributes, "seed": seeds, "prompt": prompts})
+
+
+def attach_backstories(
+    personas: pl.DataFrame,
+    settings: Backstories,
+    seed: int,
+    warehouse: Warehouse,
+    actors: int = 1,
+    ray_address: str | None = None,
+    dashboard: bool = False,
+) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Add a ``background`` column: cached backstories, the missing ones generated.
+
+    Missing backstories are generated in batches of ``settings.batch_size`` on a pool of
+    Ray actors that own the engine; each batch is committed to the cache as it arrives,
+    so an interrupted run keeps what it wrote. A persona whose generation failed keeps
+    a null background (and is retried next time).
+
+    Returns:
+        The personas with ``background``, and counts: generated, reused, failed.
+    """
+    spec = settings.engine_spec()
+    requests = backstory_requests(personas, settings, seed, spec.model_name)
+    cached = read_backstories(warehouse, requests["key"])
+    missing = requests.join(cached.select("key"), on="key", how="anti", maintain_order="left").unique("key", maintain_order=True)
+    generated = failed = 0
+    if missing.height:
+        generated, failed = _generate(missing, settings, spec, warehouse, actors, ray_address, dashboard)
+        cached = read_backstories(warehouse, requests["key"])
+    reused = requests.height - missing.height
+    joined = requests.select("agent_id", "key").join(cached, on="key", how="left", maintain_order="left")
+    out = personas.drop("background", strict=False).with_columns(background=joined["background"])
+    return out, {"generated": generated, "reused": reused, "failed": failed}
+
+
+def _generate(
+    missing: pl.DataFrame,
+    settings: Backstories,
+    spec: EngineSpec,
+    warehouse: Warehouse,
+    actors: int,
+    ray_address: str | None,
+    dashboard: bool,
+) -> tuple[int, int]:
+    """Generate the missing backstories on Ray workers; return (written, failed)."""
+    from tasks.play import WorkerPool, ensure_ray  # Ray only when something is generated
+
+    ensure_ray(ray_address, dashboard)
+    sampling = Sampling(settings.temperature, settings.max_tokens)
+    parts = [missing.slice(i, settings.batch_size) for i in range(0, missing.height, settings.batch_size)]
+    batches = [RequestBatch(p["agent_id"].to_numpy(), p["prompt"].to_list(), p["seed"].to_numpy(), sampling, None) for p in parts]
+    by_batch = {id(b): p for b, p in zip(batches, parts)}
+    written = failed = 0
+    bar = progress.current().start("backstories", total=missing.height)
+    template = template_hash(settings.template_path().read_text())
+
+    def store(batch: RequestBatch, result: CompletionBatch) -> None:
+        nonlocal written, failed
+        part = by_batch[id(batch)]
+        rows = part.with_columns(
+            raw=pl.Series(result.text, dtype=pl.String),
+            error=pl.Series(result.error, dtype=pl.String),
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            latency_s=result.latency_s,
+        )
+        ok = rows.filter(pl.col("error").is_null() & pl.col("raw").is_not_null())
+        failed += rows.height - ok.height
+        if ok.height:
+            ok = ok.with_columns(
+                background=pl.Series([clean_backstory(p, t) for p, t in zip(ok["prompt"], ok["raw"])], dtype=pl.String),
+                template_hash=pl.lit(template),
+                engine=pl.lit(spec.kind),
+                model=pl.lit(spec.model_name),
+                temperature=pl.lit(settings.temperature),
+                max_tokens=pl.lit(settings.max_tokens),
+            )
+            written += write_backstories(warehouse, ok)
+        bar.advance(part.height)
+
+    pool = WorkerPool(spec, actors)
+    try:
+        pool.run(batches, store, method="complete")
+    finally:
+        pool.shutdown()
+        bar.finish()
+    return written, failed

@@ -16,14 +16,20 @@ from typing import Any, Callable
 
 import numpy as np
 import polars as pl
-import ray
+
+# Under `uv run`, Ray would start workers with `uv run` in a copy of the project: a fresh
+# environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
+# instead; set RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 to get Ray's behaviour back.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+import ray  # noqa: E402
 from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks import progress
+from tasks.actor import AgentWorker  # defined without Prefect so actors start fast
 from tasks.engines import EngineSpec
 from tasks.engines.mixture import MixtureSpec, shard_index
-from tasks.worker import Arm, ShardJob, ShardPlayer, ShardResult, game_context
+from tasks.worker import Arm, ShardJob, ShardResult, game_context, groups_context, population_context
 from warehouse.store import Warehouse
 
 __all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "run_pools", "shutdown_pools"]
@@ -32,21 +38,6 @@ log = logging.getLogger(__name__)
 
 #: Shards in flight per actor: one playing, one queued so the actor never waits for data.
 IN_FLIGHT_PER_ACTOR = 2
-
-
-@ray.remote
-class AgentWorker:
-    """A Ray actor that owns one engine and plays shards with it."""
-
-    def __init__(self, spec: EngineSpec):
-        self.player = ShardPlayer(spec)
-        self.node = ray.get_runtime_context().get_node_id()
-
-    def play(self, job: ShardJob) -> ShardResult:
-        return self.player.play(job, node=self.node)
-
-    def where(self) -> dict[str, Any]:
-        return {"node": self.node, "worker": self.player.worker, "pid": os.getpid()}
 
 
 _RAY: dict[str, Any] = {}
@@ -63,6 +54,8 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
         if address:
             kwargs["address"] = address
         else:
+            # "local": a new Ray of our own, never a cluster someone else started on this machine.
+            kwargs["address"] = "local"
             kwargs["num_cpus"] = num_cpus or os.cpu_count() or 2
             kwargs["include_dashboard"] = dashboard
             kwargs["object_store_memory"] = 1 << 30
@@ -85,9 +78,10 @@ class WorkerPool:
         }
         self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
 
-    def run(self, jobs: list[ShardJob], on_result: Callable[[ShardJob, ShardResult], None]) -> None:
-        """Play every job, calling ``on_result`` in the driver as each shard finishes."""
-        run_pools([(self, jobs)], on_result)
+    def run(self, jobs: list[Any], on_result: Callable[[Any, Any], None], method: str = "play") -> None:
+        """Play every job (or pass each to the actors' ``method``), calling ``on_result``
+        in the driver as each one finishes."""
+        run_pools([(self, jobs)], on_result, method)
 
     def shutdown(self) -> None:
         for actor in self.actors:
@@ -95,7 +89,9 @@ class WorkerPool:
         self.actors = []
 
 
-def run_pools(work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable[[ShardJob, ShardResult], None]) -> None:
+def run_pools(
+    work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable[[ShardJob, ShardResult], None], method: str = "play"
+) -> None:
     """Play each pool's jobs on that pool, all pools at once (the engines of a mixture),
     calling ``on_result`` in the driver as each shard finishes."""
     queues = [(pool, deque(jobs), [0] * len(pool.actors)) for pool, jobs in work]
@@ -108,7 +104,7 @@ def run_pools(work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable
                 if load[index] >= IN_FLIGHT_PER_ACTOR:
                     break
                 job = pending.popleft()
-                running[pool.actors[index].play.remote(job)] = (job, p, index)
+                running[getattr(pool.actors[index], method).remote(job)] = (job, p, index)
                 load[index] += 1
 
     submit()
@@ -169,9 +165,15 @@ def play_round(
         own = warehouse.own_guesses(arm.run_id, round_)
         agents = agents.join(own, on="agent_id", how="left")
     history = warehouse.history(arm.run_id, round_)
-    shared = {"game": game_context(arm.rule, n), "round": round_, "history": history}
+    shared = {"game": game_context(arm.rule, n), "round": round_, "history": history, "population": population_context(personas)}
+    if "group" in personas.columns:  # nested environments: each agent is told its group's results
+        shared["groups"] = groups_context(personas, warehouse.group_history(arm.run_id, round_))
     specs, component, actor_counts = _components(arm, personas, seed, actors)
     index = shard_index(component, shard_size)
+    # No more actors than an engine has shards in a round: each actor is a process that
+    # imports the engine stack, which dominates a small run's wall time on a small machine.
+    # (Counted on the whole population, so every round and resume uses one pool.)
+    actor_counts = [min(a, int(np.unique(index[component == c]).size)) for c, a in enumerate(actor_counts)]
     frame = agents.with_columns(_shard=pl.Series(index, dtype=pl.Int32), _component=pl.Series(component, dtype=pl.Int32))
     if len(done):
         frame = frame.filter(~pl.col("agent_id").is_in(pl.Series(done)))

@@ -24,6 +24,9 @@ def load_round(warehouse: Warehouse, run_id: str, round_: int, expected: int) ->
 
 
 @task(name="store", cache_policy=NONE, retries=2, retry_delay_seconds=[1, 5], task_run_name="store-{run_id}-round-{round_}")
-def store_outcome(warehouse: Warehouse, run_id: str, round_: int, outcome: RoundOutcome, seconds: float) -> bool:
-    """Commit the round's outcome and winners (once); True if this call wrote them."""
-    return warehouse.write_outcome(run_id, round_, outcome, seconds)
+def store_outcome(
+    warehouse: Warehouse, run_id: str, round_: int, outcome: RoundOutcome, seconds: float,
+    groups: dict[str, RoundOutcome] | None = None,
+) -> bool:
+    """Commit the round's outcome and winners, and each group's (once); True if this call wrote them."""
+    return warehouse.write_outcome(run_id, round_, outcome, seconds, groups)

@@ -38,9 +38,12 @@ class Arm:
     rule: GameRule
     max_reasoning_tokens: int = 256
     max_answer_tokens: int = 8
+    custom: PromptMode | None = None  # a user's own template (arms.prompts mapping)
 
     @property
     def mode(self) -> PromptMode:
+        if self.custom is not None:
+            return self.custom
         if self.prompt_mode.endswith(".j2"):  # a user's own template file
             return PromptMode(self.prompt_mode, self.prompt_mode, "cot" in os.path.basename(self.prompt_mode), "custom template")
         return get_mode(self.prompt_mode)
@@ -101,7 +104,7 @@ class ShardPlayer:
             latency += free.latency_s
             errors = list(free.error)
         answer = self.engine.generate(
-            RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_answer_tokens), constraint)
+            RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_answer_tokens), constraint, rule)
         )
         parsed = parse_answers(pl.Series(answer.text, dtype=pl.String), rule.low, rule.high, rule.integer)
         engine_error = pl.Series([e2 or e1 for e1, e2 in zip(errors, answer.error)], dtype=pl.String)
@@ -146,6 +149,51 @@ def _template_frame(agents: pl.DataFrame) -> pl.DataFrame:
     if not columns:
         return pl.DataFrame({"_": [None] * agents.height})
     return agents.select(columns)
+
+
+def check_prompt_inputs(arm: Arm, personas: pl.DataFrame) -> None:
+    """Refuse an arm whose prompt mode needs what the personas lack (backstories).
+
+    Raises:
+        ValueError: one line naming the mode and what is missing.
+    """
+    if not arm.mode.needs_backstory:
+        return
+    if "background" not in personas.columns or personas["background"].null_count() == personas.height:
+        raise ValueError(
+            f"arms.prompts: mode {arm.prompt_mode!r} shows each persona's backstory, but the personas have none "
+            "(enable population.backstories, or use the 'persona' mode)"
+        )
+    missing = personas["background"].null_count()
+    if missing:
+        raise ValueError(f"arms.prompts: mode {arm.prompt_mode!r} needs a backstory for every persona; {missing} have none")
+
+
+#: Columns never counted as population composition.
+_NOT_COMPOSITION = ("agent_id", "background", "own_guesses", "group")
+#: Attributes with more distinct values than this (ages, names) are not listed in prompts.
+MAX_COMPOSITION_VALUES = 20
+
+
+def population_context(personas: pl.DataFrame) -> dict[str, Any]:
+    """The ``population`` template variable: the number of players and, for each
+    categorical attribute, the count of each value (largest first), e.g. education →
+    [{value: "High School", count: "200"}, …]."""
+    attributes: dict[str, list[dict[str, str]]] = {}
+    for name in personas.columns:
+        if name in _NOT_COMPOSITION or personas.schema[name] not in (pl.String, pl.Categorical, pl.Enum, pl.Boolean):
+            continue
+        counts = personas[name].drop_nulls().value_counts(sort=True, name="count")
+        if 0 < counts.height <= MAX_COMPOSITION_VALUES:
+            ordered = counts.sort(["count", name], descending=[True, False])
+            attributes[name] = [{"value": str(v), "count": f"{c:,}"} for v, c in ordered.iter_rows()]
+    return {"n": f"{personas.height:,}", "attributes": attributes}
+
+
+def groups_context(personas: pl.DataFrame, history: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The ``groups`` template variable: group → {n: its players, history: its earlier rounds}."""
+    sizes = personas.group_by("group").len()
+    return {g: {"n": f"{n:,}", "history": history.get(g, [])} for g, n in sizes.iter_rows()}
 
 
 def game_context(rule: GameRule, n_players: int) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import duckdb
 
-SCHEMA_VERSION = 1
 
 #: Each entry upgrades the schema from version (index) to version (index + 1).
 MIGRATIONS: list[str] = [
@@ -101,8 +100,60 @@ MIGRATIONS: list[str] = [
         agent_id BIGINT NOT NULL
     );
     """,
+    # 1 -> 2: LLM-written persona backstories, cached across runs and experiments
+    """
+    CREATE TABLE IF NOT EXISTS backstories (
+        key               VARCHAR PRIMARY KEY,  -- sha256 of (attributes, template_hash, model, seed, sampling)
+        attributes        JSON NOT NULL,
+        template_hash     VARCHAR NOT NULL,
+        engine            VARCHAR NOT NULL,
+        model             VARCHAR NOT NULL,
+        seed              BIGINT NOT NULL,
+        temperature       DOUBLE NOT NULL,
+        max_tokens        INTEGER NOT NULL,
+        prompt            VARCHAR NOT NULL,
+        raw               VARCHAR NOT NULL,
+        background        VARCHAR NOT NULL,
+        prompt_tokens     INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        latency_s         DOUBLE NOT NULL,
+        created_at        TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    """,
+    # 2 -> 3: groups (nested environments): who plays in which group, and each group's
+    # own outcome and winners every round, beside the global `rounds` and `winners`
+    """
+    CREATE TABLE IF NOT EXISTS group_members (
+        experiment_id VARCHAR NOT NULL,
+        agent_id      BIGINT NOT NULL,
+        group_name    VARCHAR NOT NULL,
+        PRIMARY KEY (experiment_id, agent_id)
+    );
+    CREATE TABLE IF NOT EXISTS group_rounds (
+        run_id        VARCHAR NOT NULL,
+        round         INTEGER NOT NULL,
+        group_name    VARCHAR NOT NULL,
+        n             BIGINT NOT NULL,
+        n_valid       BIGINT NOT NULL,
+        mean          DOUBLE,
+        median        DOUBLE,
+        std           DOUBLE,
+        target        DOUBLE,
+        winning_guess DOUBLE,
+        n_winners     BIGINT NOT NULL,
+        PRIMARY KEY (run_id, round, group_name)
+    );
+    CREATE TABLE IF NOT EXISTS group_winners (
+        run_id     VARCHAR NOT NULL,
+        round      INTEGER NOT NULL,
+        group_name VARCHAR NOT NULL,
+        agent_id   BIGINT NOT NULL
+    );
+    """,
 ]
 
+
+SCHEMA_VERSION = len(MIGRATIONS)
 
 class SchemaError(RuntimeError):
     """The file is not a keynes warehouse this version can use."""

@@ -20,11 +20,15 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from warehouse.schema import SchemaError, check_schema, migrate
+from warehouse.schema import SCHEMA_VERSION, SchemaError, check_schema, migrate
 from warehouse.validation import Guesses, Personas
+from warehouse.views import ensure_views, stale_views
 
 #: Column order of the guesses table.
 GUESS_COLUMNS = list(Guesses.to_schema().columns)
+
+#: The oldest DuckDB release that must read a new warehouse file (the stock CLI on PyPI).
+STORAGE_COMPATIBILITY = "v1.4.0"
 
 _LOCK_MARKERS = ("Could not set lock", "Conflicting lock", "database is locked", "being used by another process")
 
@@ -55,10 +59,21 @@ class Warehouse:
             raise WarehouseError(f"{self.path}: no such warehouse (run an experiment first)")
         if not read_only and not self.path.parent.is_dir():
             raise WarehouseError(f"{self.path}: directory {str(self.path.parent)!r} does not exist")
-        con = self._open(read_only)
+        con = self._open(read_only, deadline=time.monotonic() + self.lock_timeout_s)
         try:
             if not read_only:
-                migrate(con)
+                try:
+                    migrate(con)
+                except SchemaError as exc:
+                    raise WarehouseError(f"{self.path}: {exc}") from None
+                ensure_views(con)
+            elif _needs_upgrade(con, self.path):
+                # An older file (or one without the current views): upgrade it once through
+                # a short write connection, then read.
+                con.close()
+                with self.connect():
+                    pass
+                con = self._open(read_only=True, deadline=time.monotonic() + self.lock_timeout_s)
             yield con
         finally:
             con.close()
@@ -90,14 +105,18 @@ class Warehouse:
             finally:
                 con.close()
 
-    def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
-        """Open the file, waiting up to the lock timeout while another process holds it."""
-        deadline = time.monotonic() + self.lock_timeout_s
+    def _open(self, read_only: bool, deadline: float | None = None) -> duckdb.DuckDBPyConnection:
+        """Open the file, retrying while another process holds it (until ``deadline``,
+        by default the lock timeout from now)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.lock_timeout_s
         delay = 0.02
         while True:
             try:
-                con = duckdb.connect(str(self.path), read_only=read_only)
-                break
+                # New files are written in a storage format DuckDB 1.4+ reads, so the stock
+                # `duckdb` CLI opens them too; existing files keep the format they have.
+                config = {} if self.path.exists() else {"storage_compatibility_version": STORAGE_COMPATIBILITY}
+                return duckdb.connect(str(self.path), read_only=read_only, config=config)
             except duckdb.IOException as exc:
                 message = str(exc)
                 if any(m in message for m in _LOCK_MARKERS) and time.monotonic() < deadline:
@@ -107,7 +126,6 @@ class Warehouse:
                 if any(m in message for m in _LOCK_MARKERS):
                     raise WarehouseError(f"{self.path}: held by another process for over {self.lock_timeout_s:g} s") from exc
                 raise WarehouseError(f"{self.path}: {message.splitlines()[0]}") from exc
-        return con
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -205,22 +223,28 @@ class Warehouse:
         shard never duplicates a guess. Returns the number of new rows.
         """
         frame = Guesses.validate(guesses.select(GUESS_COLUMNS), lazy=True)
+        # A shard's agents lie in one id range: bounding the anti-join's probe of stored
+        # guesses by it lets DuckDB skip every other row group (zone maps), so a commit
+        # costs the size of the shard, not of the table. INSERT returns its row count,
+        # which replaces two counting scans of the whole round.
+        ids = frame["agent_id"]
+        low, high = (int(ids.min()), int(ids.max())) if frame.height else (0, -1)
         with self.transaction() as con:
             con.register("new_guesses", frame.to_arrow())
-            before = con.execute("SELECT count(*) FROM guesses WHERE run_id = ? AND round = ?", [shard["run_id"], shard["round"]]).fetchall()[0][0]
-            con.execute(
+            inserted = con.execute(
                 f"""INSERT INTO guesses SELECT {', '.join(GUESS_COLUMNS)} FROM new_guesses n
                     WHERE NOT EXISTS (SELECT 1 FROM guesses g WHERE g.run_id = n.run_id
-                                      AND g.round = n.round AND g.agent_id = n.agent_id)"""
-            )
-            after = con.execute("SELECT count(*) FROM guesses WHERE run_id = ? AND round = ?", [shard["run_id"], shard["round"]]).fetchall()[0][0]
+                                      AND g.round = n.round AND g.agent_id = n.agent_id
+                                      AND g.agent_id BETWEEN ? AND ?)""",
+                [low, high],
+            ).fetchall()[0][0]
             con.unregister("new_guesses")
             con.execute(
                 """INSERT INTO shards (run_id, round, shard, n, node, worker, seconds) VALUES (?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT DO NOTHING""",
                 [shard["run_id"], shard["round"], shard["shard"], shard["n"], shard["node"], shard["worker"], shard["seconds"]],
             )
-        return after - before
+        return inserted
 
     def round_guesses(self, run_id: str, round_: int) -> pl.DataFrame:
         """The stored guesses of one round: agent_id, guess, valid."""
@@ -235,8 +259,12 @@ class Warehouse:
         with self.connect() as con:
             return [r[0] for r in con.execute("SELECT round FROM rounds WHERE run_id = ? ORDER BY round", [run_id]).fetchall()]
 
-    def write_outcome(self, run_id: str, round_: int, outcome: Any, seconds: float) -> bool:
-        """Commit a round's outcome and winners in one transaction; False if already stored."""
+    def write_outcome(self, run_id: str, round_: int, outcome: Any, seconds: float, groups: dict[str, Any] | None = None) -> bool:
+        """Commit a round's outcome and winners in one transaction; False if already stored.
+
+        ``groups`` (group name → outcome) are committed in the same transaction to
+        ``group_rounds`` and ``group_winners``.
+        """
         with self.transaction() as con:
             if con.execute("SELECT count(*) FROM rounds WHERE run_id = ? AND round = ?", [run_id, round_]).fetchall()[0][0]:
                 return False
@@ -251,7 +279,42 @@ class Warehouse:
             con.register("new_winners", winners.to_arrow())
             con.execute("INSERT INTO winners SELECT run_id, round, agent_id FROM new_winners")
             con.unregister("new_winners")
+            for name, result in (groups or {}).items():
+                con.execute(
+                    "INSERT INTO group_rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [run_id, round_, name, result.n, result.n_valid, result.mean, result.median, result.std,
+                     result.target, result.winning_guess, result.n_winners],
+                )
+                members = pl.DataFrame({"agent_id": result.winners}).with_columns(pl.col("agent_id").cast(pl.Int64))
+                con.register("new_group_winners", members.to_arrow())
+                con.execute("INSERT INTO group_winners SELECT ?, ?, ?, agent_id FROM new_group_winners", [run_id, round_, name])
+                con.unregister("new_group_winners")
         return True
+
+    def write_groups(self, experiment_id: str, groups: pl.DataFrame) -> int:
+        """Store which group every agent plays in (columns agent_id, group), once."""
+        frame = groups.select(pl.lit(experiment_id).alias("experiment_id"), pl.col("agent_id").cast(pl.Int64), pl.col("group").alias("group_name"))
+        with self.transaction() as con:
+            if con.execute("SELECT count(*) FROM group_members WHERE experiment_id = ?", [experiment_id]).fetchall()[0][0]:
+                return 0
+            con.register("new_members", frame.to_arrow())
+            con.execute("INSERT INTO group_members SELECT experiment_id, agent_id, group_name FROM new_members")
+            con.unregister("new_members")
+        return frame.height
+
+    def group_history(self, run_id: str, before_round: int) -> dict[str, list[dict[str, Any]]]:
+        """Each group's outcomes of the rounds before ``before_round``, oldest first."""
+        with self.connect() as con:
+            frame = _frame(
+                con,
+                "SELECT group_name, round, n, n_valid, mean, median, target, winning_guess, n_winners FROM group_rounds "
+                "WHERE run_id = ? AND round < ? ORDER BY group_name, round",
+                [run_id, before_round],
+            )
+        history: dict[str, list[dict[str, Any]]] = {}
+        for row in frame.to_dicts():
+            history.setdefault(row.pop("group_name"), []).append(row)
+        return history
 
     def history(self, run_id: str, before_round: int) -> list[dict[str, Any]]:
         """Outcomes of the rounds before ``before_round``, oldest first."""
@@ -273,6 +336,25 @@ class Warehouse:
                 "WHERE run_id = ? AND round < ? GROUP BY agent_id",
                 [run_id, before_round],
             )
+
+
+def _needs_upgrade(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
+    """True when a read-only connection sees an older schema or missing/outdated views.
+
+    Raises:
+        WarehouseError: the file is not a keynes warehouse, or is newer than this keynes.
+    """
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+    if "schema_version" not in tables:
+        if tables:
+            raise WarehouseError(f"{path}: not a keynes warehouse (tables {sorted(tables)[:5]}, no schema_version)")
+        raise WarehouseError(f"{path}: an empty database, not a keynes warehouse (run an experiment first)")
+    version = con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] or 0
+    if version > SCHEMA_VERSION:
+        raise WarehouseError(
+            f"{path}: the warehouse has schema version {version}, newer than this keynes ({SCHEMA_VERSION}); upgrade keynes"
+        )
+    return version < SCHEMA_VERSION or bool(stale_views(con))
 
 
 def _sql_type(dtype: pl.DataType) -> str:

@@ -6,6 +6,8 @@ the failing values; nothing is written then.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pandera.polars as pa
 import polars as pl
 
@@ -43,14 +45,50 @@ class Guesses(pa.DataFrameModel):
 
 
 class Personas(pa.DataFrameModel):
-    """One row per agent of an experiment; demographic columns vary by population spec."""
+    """One row per agent of an experiment.
+
+    Demographic columns vary by population spec (one per attribute, ``<name>_band`` for
+    banded numbers, ``name``); every one of them must be filled for every agent, so SQL
+    and reports can group by them. ``background`` is the optional LLM-written backstory.
+    """
 
     experiment_id: str
     agent_id: int = pa.Field(ge=0, unique=True)
     background: str = pa.Field(nullable=True)
+    name: Optional[str] = pa.Field(str_length={"min_value": 1})
 
     class Config:
         strict = False
+        coerce = True
+
+    @pa.dataframe_check(error="every demographic column is filled for every agent")
+    def demographics_filled(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        columns = [c for c in data.lazyframe.collect_schema().names() if c not in ("experiment_id", "agent_id", "background")]
+        if not columns:
+            return data.lazyframe.select(pl.lit(True))
+        return data.lazyframe.select(pl.all_horizontal(pl.col(columns).is_not_null()))
+
+
+class Backstories(pa.DataFrameModel):
+    """One cached backstory per (persona attributes, template, model, seed, sampling)."""
+
+    key: str = pa.Field(unique=True, str_length={"min_value": 64, "max_value": 64})
+    attributes: str
+    template_hash: str
+    engine: str
+    model: str
+    seed: int = pa.Field(ge=0)
+    temperature: float = pa.Field(ge=0)
+    max_tokens: int = pa.Field(gt=0)
+    prompt: str
+    raw: str
+    background: str
+    prompt_tokens: int = pa.Field(ge=0)
+    completion_tokens: int = pa.Field(ge=0)
+    latency_s: float = pa.Field(ge=0)
+
+    class Config:
+        strict = True
         coerce = True
 
 

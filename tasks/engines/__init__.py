@@ -17,10 +17,13 @@ import hashlib
 import importlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from tasks.environment import GameRule
 
 
 # --------------------------------------------------------------------------- requests
@@ -75,6 +78,8 @@ class RequestBatch:
         seed: a per-agent sampling seed derived from the run seed (uint32 range).
         sampling: sampling parameters for the whole batch.
         constraint: the answer constraint, or None for free text (reasoning phase).
+        rule: the game being played; LLM engines ignore it (the prompt says it all),
+            the simulated engine's behavioural rules need it to best-respond.
     """
 
     agent_id: np.ndarray
@@ -82,6 +87,7 @@ class RequestBatch:
     seed: np.ndarray
     sampling: Sampling = field(default_factory=Sampling)
     constraint: Constraint | None = None
+    rule: "GameRule | None" = None
 
     def __len__(self) -> int:
         return len(self.agent_id)

@@ -156,3 +156,14 @@ def test_a_mixture_of_gemma_and_the_simulated_engine(prefect_api, local_ray, db)
     engine, model, spec = q(db, "select engine, model, spec from runs")[0]
     assert (engine, model) == ("mixture", "mixture")
     assert [c["engine"]["kind"] for c in json.loads(spec)["components"]] == ["llamacpp", "simulated"]
+
+
+def test_the_quickstart_config_plays_gemma_at_a_tiny_size(prefect_api, local_ray, db):
+    from flows.experiment import experiment
+    from tests.conftest import REPO
+
+    overrides = ["population.size=4", "game.rounds=1", "arms.max_reasoning_tokens=16", "workers.shard_size=2"]
+    summary = experiment(str(REPO / "experiments/quickstart.yaml"), overrides=overrides, db=str(db))
+    assert summary["rows_written"] == 4 * 2
+    assert q(db, "select distinct engine, model, bool_and(valid) from guesses") == [("llamacpp", "gemma-3-270m", True)]
+    assert q(db, "select count(reasoning) from guesses g join runs r using (run_id) where r.prompt_mode = 'cot'") == [(4,)]

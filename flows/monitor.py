@@ -1,0 +1,247 @@
+"""What a long run shows in the Prefect UI: live progress, round outcomes, Ray workers, links.
+
+Progress artifacts follow each round of each arm as shards are committed (through the
+``tasks.progress`` hook, throttled); a markdown artifact reports every round; a table
+artifact lists the Ray workers in use, read from the warehouse's ``shards`` table.
+Monitoring never fails a run: an artifact the API refuses is logged and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from tasks import progress
+from tasks.environment import RoundOutcome
+from tasks.worker import Arm
+from warehouse.store import Warehouse
+
+log = logging.getLogger(__name__)
+
+#: Least seconds between two updates of one progress artifact (a million agents commit thousands of shards).
+PROGRESS_INTERVAL_S = 1.0
+
+
+def artifact_key(*parts: object) -> str:
+    """An artifact key from parts: lowercase letters, digits and dashes only (Prefect's rule)."""
+    text = "-".join(str(p) for p in parts).lower()
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", text)).strip("-")
+
+
+def _safely(what: str, make: Callable[[], Any]) -> Any:
+    try:
+        return make()
+    except Exception as exc:  # the API being away must not stop 10,000 agents from playing
+        log.warning("could not %s: %s", what, exc)
+        return None
+
+
+# ------------------------------------------------------------------------------ progress
+class ArtifactProgress:
+    """A ``tasks.progress`` reporter: one Prefect progress artifact per round of each arm.
+
+    Args:
+        min_interval_s: least seconds between two updates of one artifact; the last
+            update (all agents done) is always sent.
+    """
+
+    def __init__(self, min_interval_s: float = PROGRESS_INTERVAL_S):
+        self.min_interval_s = min_interval_s
+
+    def start(self, label: str, total: int, completed: int = 0) -> "_ArtifactBar":
+        return _ArtifactBar(label, total, completed, self.min_interval_s)
+
+
+class _ArtifactBar:
+    def __init__(self, label: str, total: int, completed: int, min_interval_s: float):
+        self.label, self.total, self.done = label, total, completed
+        self.min_interval_s = min_interval_s
+        self.last = time.monotonic()
+        self.artifact_id: UUID | None = _safely(
+            "create a progress artifact",
+            lambda: create_progress_artifact(
+                progress=self.percent, key=artifact_key("progress", label), description=self.description
+            ),
+        )
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.done / self.total if self.total else 100.0
+
+    @property
+    def description(self) -> str:
+        return f"{self.label}: {self.done:,} / {self.total:,} agents"
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if time.monotonic() - self.last >= self.min_interval_s or self.done >= self.total:
+            self._send()
+
+    def finish(self) -> None:
+        self._send()
+
+    def _send(self) -> None:
+        self.last = time.monotonic()
+        if self.artifact_id is not None:
+            _safely(
+                "update a progress artifact",
+                lambda: update_progress_artifact(self.artifact_id, progress=self.percent, description=self.description),
+            )
+
+
+class Fanout:
+    """A reporter that forwards to several (the CLI's progress bars and the Prefect UI)."""
+
+    def __init__(self, *reporters: progress.Reporter):
+        self.reporters = reporters
+
+    def start(self, label: str, total: int, completed: int = 0) -> "_FanoutBar":
+        return _FanoutBar([r.start(label, total, completed) for r in self.reporters])
+
+
+class _FanoutBar:
+    def __init__(self, bars: list[progress.Bar]):
+        self.bars = bars
+
+    def advance(self, n: int) -> None:
+        for bar in self.bars:
+            bar.advance(n)
+
+    def finish(self) -> None:
+        for bar in self.bars:
+            bar.finish()
+
+
+# ------------------------------------------------------------------------------ rounds
+def round_markdown(arm: Arm, round_: int, result: RoundOutcome, seconds: float, max_winners: int = 10) -> str:
+    """A round's outcome as markdown: mean, target, winners, invalid rate."""
+    rule = arm.rule
+
+    def num(value: float | None) -> str:
+        return "–" if value is None else f"{value:.4g}"
+
+    winners = ", ".join(str(int(a)) for a in result.winners[:max_winners])
+    if result.n_winners > max_winners:
+        winners += f", … ({result.n_winners - max_winners:,} more)"
+    offset = f" + {rule.offset:g}" if rule.offset else ""
+    return "\n".join([
+        f"### {arm.run_id} · round {round_} of {rule.rounds}",
+        "",
+        f"{arm.engine.model_name} · prompt `{arm.prompt_mode}` · temperature {arm.temperature:g}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| agents | {result.n:,} |",
+        f"| valid guesses | {result.n_valid:,} (invalid rate {result.invalid_rate:.1%}) |",
+        f"| mean | {num(result.mean)} |",
+        f"| median | {num(result.median)} |",
+        f"| target ({rule.ratio} × mean{offset}) | {num(result.target)} |",
+        f"| winning guess | {num(result.winning_guess)} |",
+        f"| winners | {result.n_winners:,}: agents {winners or '–'} |",
+        f"| seconds | {seconds:.1f} |",
+    ])
+
+
+def publish_round(arm: Arm, round_: int, result: RoundOutcome, seconds: float) -> None:
+    """A markdown artifact with a round's outcome (one key per arm and round)."""
+    _safely(
+        "create the round artifact",
+        lambda: create_markdown_artifact(
+            markdown=round_markdown(arm, round_, result, seconds),
+            key=artifact_key(arm.run_id, "round", round_),
+            description=f"{arm.run_id} round {round_}: outcome",
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------ workers
+WORKERS_SQL = """
+    SELECT s.node, s.worker, r.model AS engine, count(*) AS shards, sum(s.n) AS agents,
+           sum(s.seconds) AS busy_s, sum(s.n) / nullif(sum(s.seconds), 0) AS agents_per_s
+    FROM shards s JOIN runs r USING (run_id)
+    WHERE r.experiment_id = ? AND s.committed_at >= ?
+    GROUP BY ALL ORDER BY s.node, s.worker
+"""
+
+
+def worker_rows(warehouse: Warehouse, experiment_id: str, since: datetime, node_names: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The Ray workers that played shards of an experiment since ``since``.
+
+    Each row: node (address and short id), worker (host:pid), engine, shards done,
+    agents, agents/s while busy.
+    """
+    frame = warehouse.query(WORKERS_SQL, [experiment_id, since])
+    names = node_names or {}
+    return [
+        {
+            "node": f"{names[r['node']]} ({r['node'][:8]})" if r["node"] in names else r["node"][:12],
+            "worker": r["worker"],
+            "engine": r["engine"],
+            "shards": int(r["shards"]),
+            "agents": int(r["agents"]),
+            "agents/s": round(r["agents_per_s"], 1) if r["agents_per_s"] is not None else None,
+        }
+        for r in frame.to_dicts()
+    ]
+
+
+def ray_node_names() -> dict[str, str]:
+    """Ray node id → its address, for the nodes this driver can see (empty without Ray)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return {}
+        return {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    except Exception:
+        return {}
+
+
+def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime) -> list[dict[str, Any]]:
+    """A table artifact of the Ray workers in use (a new version after each round)."""
+    rows = _safely("read the shards table", lambda: worker_rows(warehouse, experiment_id, since, ray_node_names())) or []
+    if rows:
+        _safely(
+            "create the workers artifact",
+            lambda: create_table_artifact(
+                table=rows, key=artifact_key("workers", experiment_id),
+                description=f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)",
+            ),
+        )
+    return rows
+
+
+# ------------------------------------------------------------------------------ links
+def publish_dashboard(url: str) -> str:
+    """A link artifact to the Ray dashboard; returns the full URL."""
+    link = url if "://" in url else f"http://{url}"
+    _safely(
+        "create the dashboard link",
+        lambda: create_link_artifact(link=link, link_text="Ray dashboard", key="ray-dashboard",
+                                     description="Live view of the Ray cluster: nodes, actors, logs"),
+    )
+    return link
+
+
+def publish_report(path: str | Path, experiment_id: str) -> str:
+    """A link artifact to a report file (a ``file://`` URL: open it on the machine that ran the flow)."""
+    link = Path(path).resolve().as_uri()
+    _safely(
+        "create the report link",
+        lambda: create_link_artifact(link=link, link_text=Path(path).name, key=artifact_key("report", experiment_id),
+                                     description=f"{experiment_id}: report page"),
+    )
+    return link

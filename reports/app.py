@@ -1,0 +1,173 @@
+"""Layout: one page per experiment — overview, each arm, comparisons, answers and cost.
+
+``build_page`` assembles the views of ``reports.figures`` from a ``ReportData`` into a
+``pn.template``; ``reports.export`` saves it offline or serves it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import panel as pn
+import polars as pl
+
+from reports.data import ReportData
+from reports.figures import (
+    BarsByArm,
+    ByAttribute,
+    CompareByRound,
+    Composition,
+    Convergence,
+    RoundHistogram,
+    config_block,
+    fmt,
+    table,
+)
+
+HEADER_COLOR = "#2b4a6f"
+#: How many values an attribute may have and still get its own comparison figure.
+MAX_VALUES_PLOTTED = 12
+
+def _md(text: str, **kwargs) -> pn.pane.Markdown:
+    return pn.pane.Markdown(text, sizing_mode="stretch_width", **kwargs)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "–"
+    minutes, seconds = divmod(value, 60)
+    return f"{int(minutes)} min {seconds:.1f} s" if minutes else f"{seconds:.1f} s"
+
+
+def overview(data: ReportData) -> list[pn.viewable.Viewable]:
+    """Config, population size and composition, arms, run times and tokens."""
+    o = data.overview
+    usage = data.usage
+    arms = data.arms.join(usage.select("arm", "prompt_tokens", "completion_tokens", "play_s"), on="arm", how="left")
+    facts = (
+        f"**Population** {o['population']:,} agents · **arms** {o['arms']} · **rounds played** {o['rounds_played']} · "
+        f"**guesses** {o['guesses']:,} ({o['valid_guesses']:,} valid) · **tokens** {o['prompt_tokens']:,} prompt + "
+        f"{o['completion_tokens']:,} completion · **run time** {_seconds(o['wall_s'])} · **status** {o['status']} · "
+        f"**seed** {o['seed']}"
+    )
+    items: list[pn.viewable.Viewable] = [_md("## Overview"), _md(facts)]
+    if (data.arms["engine"] == "simulated").any():
+        items.append(pn.pane.Alert(
+            "Arms on the **simulated** engine use no language model: their numbers come from a named decision rule "
+            "(see the model column). They exist for scale tests and fast checks.", alert_type="warning"))
+    items += [
+        _md("### Arms"),
+        table(arms, {"arm": "arm", "engine": "engine", "model": "model", "prompt_mode": "prompt mode",
+                     "temperature": "temperature", "rule": "rule", "rounds": "rounds", "status": "status",
+                     "wall_s": "wall time (s)", "play_s": "play time (s)", "prompt_tokens": "prompt tokens",
+                     "completion_tokens": "completion tokens"}),
+    ]
+    attributes = data.composition["attribute"].unique(maintain_order=True).to_list()
+    if attributes:
+        items += [_md(f"### Population ({o['population']:,} agents)"),
+                  pn.FlexBox(*[Composition(data.composition, a) for a in attributes])]
+    return items
+
+
+def arm_section(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
+    """One arm: its round table, a histogram per round and its convergence."""
+    rule = data.arms.filter(pl.col("arm") == arm).row(0, named=True)
+    rounds = data.rounds.filter(pl.col("arm") == arm)
+    reference = data.references.filter(pl.col("arm") == arm).drop("arm")
+    label = data.arm_label(arm)
+    histograms = [
+        RoundHistogram(data.histogram.filter((pl.col("arm") == arm) & (pl.col("round") == r["round"])), r, rule, reference, label)
+        for r in rounds.iter_rows(named=True)
+    ]
+    return [
+        _md(f"### {label.capitalize()} · {rule['rule']} · {rule['engine']}"),
+        table(rounds, {"round": "round", "n": "agents", "n_valid": "valid", "invalid_rate": "invalid rate",
+                       "mean": "mean", "median": "median", "sd": "sd", "target": "target",
+                       "winning_guess": "winning number", "n_winners": "winners",
+                       "distance_to_equilibrium": "distance to equilibrium", "seconds": "seconds"}),
+        pn.FlexBox(*histograms),
+        Convergence(data.convergence.filter(pl.col("arm") == arm), rule, reference, label),
+    ]
+
+
+def comparisons(data: ReportData) -> list[pn.viewable.Viewable]:
+    """Prompt modes, models and rules side by side, then demographics."""
+    items: list[pn.viewable.Viewable] = [_md("## Comparisons")]
+    for frame, key, what in [
+        (data.by_prompt_mode, "prompt_mode", "prompt mode"),
+        (data.by_model, "model", "model"),
+        (data.by_rule, "rule", "game rule"),
+    ]:
+        n = frame[key].n_unique()
+        note = "" if n > 1 else f" (one {what} in this experiment)"
+        items.append(CompareByRound(frame, key, f"Mean guess per round by {what}{note}"))
+    attributes = [a for a in data.by_attribute["attribute"].unique(maintain_order=True).to_list()
+                  if data.by_attribute.filter(pl.col("attribute") == a)["value"].n_unique() <= MAX_VALUES_PLOTTED]
+    if attributes:
+        labels = {a: data.arm_label(a) for a in data.arms["arm"].to_list()}
+        first = int(data.by_attribute["round"].min())
+        items += [_md("### Demographics"),
+                  _md(f"Mean guess of each group in round {first}, per arm; bars are 95 % confidence intervals "
+                      "(mean ± 1.96 standard errors)."),
+                  pn.FlexBox(*[ByAttribute(data.by_attribute, a, first, labels) for a in attributes])]
+    return items
+
+
+def answers_and_cost(data: ReportData) -> list[pn.viewable.Viewable]:
+    """Invalid-answer rates, token and latency summaries."""
+    labels = {a: data.arm_label(a) for a in data.arms["arm"].to_list()}
+    invalid = data.invalid.group_by("arm", maintain_order=True).agg(
+        n=pl.col("n").sum(), n_invalid=pl.col("n_invalid").sum()).with_columns(invalid_rate=pl.col("n_invalid") / pl.col("n"))
+    items: list[pn.viewable.Viewable] = [
+        _md("## Answers and cost"),
+        BarsByArm(invalid, "invalid_rate", "Invalid answers by arm (all rounds)"
+                  + ("" if invalid["n_invalid"].sum() else ": none"), "% of answers", labels, scale=100),
+    ]
+    if data.invalid_reasons.height:
+        items += [_md("Why answers were invalid:"),
+                  table(data.invalid_reasons, {"arm": "arm", "error": "reason", "n": "answers"})]
+    usage = data.usage
+    items += [
+        BarsByArm(usage, "latency_mean_s", "Mean latency per guess by arm", "seconds", labels),
+        table(usage, {"arm": "arm", "model": "model", "prompt_mode": "prompt mode", "guesses": "guesses",
+                      "prompt_tokens": "prompt tokens", "completion_tokens": "completion tokens",
+                      "prompt_tokens_per_guess": "prompt tokens / guess",
+                      "completion_tokens_per_guess": "completion tokens / guess",
+                      "latency_mean_s": "latency mean (s)", "latency_p50_s": "p50 (s)", "latency_p95_s": "p95 (s)",
+                      "retries": "retries", "play_s": "play time (s)"}, digits=3),
+    ]
+    return items
+
+
+def references(data: ReportData) -> list[pn.viewable.Viewable]:
+    """The human reference results drawn on the page, with their sources."""
+    refs = data.references.unique(["source", "round", "mean", "median"], maintain_order=True)
+    if refs.is_empty():
+        return [_md("Human reference lines: none published for this experiment's rule(s) in the warehouse's "
+                    "`human_reference` view.")]
+    lines = "\n".join(f"- {r['source']}: round {r['round']} mean {fmt(r['mean'])}, median {fmt(r['median'])} "
+                      "(green lines and stars)" for r in refs.iter_rows(named=True))
+    return [_md("### Human reference results\n" + lines)]
+
+
+def build_page(data: ReportData, title: str | None = None) -> pn.template.BaseTemplate:
+    """The whole page of one experiment as a Panel template."""
+    o = data.overview
+    page = pn.template.BootstrapTemplate(
+        title=title or f"keynes report · {o['name']}",
+        header_background=HEADER_COLOR,
+        sidebar_width=230,
+    )
+    created = o["created_at"].strftime("%Y-%m-%d %H:%M UTC") if o["created_at"] else "–"
+    page.sidebar.append(_md(
+        f"**Experiment** `{o['experiment_id']}`\n\n**Started** {created}\n\n**Status** {o['status']}\n\n"
+        f"**Agents** {o['population']:,}\n\n**Arms** {o['arms']}\n\n**Guesses** {o['guesses']:,}\n\n"
+        f"**Report built** {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
+    ))
+    main = overview(data) + [_md("## Arms")]
+    for arm in data.arms["arm"].to_list():
+        main += arm_section(data, arm)
+    main += comparisons(data) + answers_and_cost(data) + references(data)
+    main += [_md("## Config"), config_block(o["config"])]
+    page.main.append(pn.Column(*main, sizing_mode="stretch_width"))
+    return page

@@ -1,0 +1,224 @@
+"""`keynes serve` against a real Prefect server: a triggered run with an override, an
+interval schedule that runs by itself, and nothing left running afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+#: On a busy shared machine Ray's Python agents can take longer than the raylet's default
+#: wait to register (the raylet then aborts): give them time.
+SLOW_MACHINE = {"RAY_agent_register_timeout_ms": "120000"}
+
+MANUAL = {
+    "name": "manual",
+    "seed": 3,
+    "population": {"spec": "education.yaml", "size": 30},
+    "game": {"rounds": 2},
+    "arms": {"engines": [{"kind": "simulated"}], "prompts": ["basic"]},
+    "workers": {"actors": 1, "shard_size": 10},
+}
+TICKER = {
+    "name": "ticker",
+    "seed": 5,
+    "population": {"size": 12},
+    "game": {"rounds": 1},
+    "workers": {"actors": 1, "shard_size": 12},
+    "schedule": {"interval_s": 5},
+    "continue": True,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM the process group we started (the process, its flow runs, their Ray), then SIGKILL."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 1.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def q(path, sql):
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def traces(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``marker`` (our Ray temp dir, our server home)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return [p for p in found if p.pid != os.getpid()]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A Prefect server on a free port and `keynes serve` of two configs against it."""
+    folder = tmp_path_factory.mktemp("deploy")
+    # Ray's socket paths must stay short: its temp dir goes under /tmp directly.
+    ray_tmp = tempfile.mkdtemp(prefix="kray-")
+    configs = {}
+    for cfg in (MANUAL, TICKER):
+        data = {**cfg, "db": str(folder / f"{cfg['name']}.duckdb")}
+        configs[cfg["name"]] = folder / f"{cfg['name']}.yaml"
+        configs[cfg["name"]].write_text(yaml.safe_dump(data))
+    home = folder / "prefect-home"
+    home.mkdir()
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
+               RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="disabled", **SLOW_MACHINE)
+    server_log = open(folder / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
+    )
+    serve = None
+    try:
+        wait_for(lambda: _healthy(api), 120, f"the Prefect server on port {port}")
+        serve_env = {**env, "PREFECT_API_URL": api, "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+        serve_env.pop("PREFECT_LOGGING_LEVEL")  # keynes serve logs flow runs at INFO, for the UI
+        serve_log = open(folder / "serve.log", "w")
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "serve", str(configs["manual"]), str(configs["ticker"])],
+            env=serve_env, stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
+        )
+        yield {"api": api, "folder": folder, "configs": configs, "serve": serve, "ray_tmp": ray_tmp, "home": home}
+    finally:
+        if serve is not None:
+            stop(serve)
+        stop(server)
+        for marker in (ray_tmp, str(home)):
+            for proc in traces(marker):  # nothing of ours may outlive the test (and fail it, below)
+                proc.kill()
+
+
+def _healthy(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _client(api: str):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    class _Scoped:
+        def __enter__(self):
+            self.settings = temporary_settings(updates={PREFECT_API_URL: api})
+            self.settings.__enter__()
+            self.client = get_client(sync_client=True)
+            return self.client.__enter__()
+
+        def __exit__(self, *exc):
+            self.client.__exit__(*exc)
+            self.settings.__exit__(*exc)
+
+    return _Scoped()
+
+
+def _deployment_runs(api: str, name: str):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    with _client(api) as client:
+        return client.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])))
+
+
+def _deployments(api: str) -> dict:
+    with _client(api) as client:
+        return {d.name: d for d in client.read_deployments()}
+
+
+def test_serve_registers_a_deployment_per_config_with_its_schedule(served):
+    deployments = wait_for(lambda: (d := _deployments(served["api"])) and len(d) == 2 and d, 120, "two deployments")
+    manual, ticker = deployments["manual"], deployments["ticker"]
+    assert manual.parameters == {"config": str(served["configs"]["manual"]), "overrides": [], "db": None}
+    assert manual.schedules == []
+    assert [s.schedule.interval.total_seconds() for s in ticker.schedules] == [5.0]
+    # The run form: a config path (or inline mapping), an overrides list, a db.
+    properties = manual.parameter_openapi_schema["properties"]
+    assert {"config", "overrides", "db"} <= set(properties)
+    assert "dotted.key=value" in properties["overrides"]["description"]
+
+
+def test_a_triggered_run_with_an_override_completes_and_writes_the_warehouse(served):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    wait_for(lambda: "manual" in _deployments(served["api"]), 120, "the manual deployment")
+    with temporary_settings(updates={PREFECT_API_URL: served["api"]}):
+        run = run_deployment(
+            "experiment/manual", parameters={"overrides": ["population.size=24", "arms.prompts=[basic, cot]"]},
+            timeout=240, poll_interval=2,
+        )
+    assert run.state is not None and run.state.is_completed(), (run.state, (served["folder"] / "serve.log").read_text()[-3000:])
+    db = served["folder"] / "manual.duckdb"
+    # 24 agents (the override, not the config's 30) × 2 rounds × 2 prompt modes
+    assert q(db, "select population from experiments") == [(24,)]
+    assert q(db, "select count(*), count(distinct run_id) from guesses") == [(24 * 2 * 2, 2)]
+    assert q(db, "select count(*) from rounds") == [(4,)]
+    assert run.name.startswith("manual-") and "24 agents × 2 arm(s) × 2 round(s)" in run.name
+
+
+def test_the_interval_schedule_runs_by_itself(served):
+    db = served["folder"] / "ticker.duckdb"
+
+    def completed():
+        runs = [r for r in _deployment_runs(served["api"], "ticker") if r.state and r.state.is_completed()]
+        return len(runs) >= 2 and runs
+
+    # Nobody triggers ticker: its runs come from the 5 s interval. The first plays the only
+    # round (continue: true); the next ones find it played and end at once, saying so.
+    runs = sorted(wait_for(completed, 300, "two scheduled runs of ticker to complete", interval_s=2), key=lambda r: r.start_time)
+    assert all(r.auto_scheduled for r in runs)
+    assert q(db, "select round, n from rounds") == [(1, 12)]
+    assert q(db, "select count(*) from guesses") == [(12,)]
+    assert "is complete" in runs[-1].state.message and "nothing to play" in runs[-1].state.message
+
+
+def test_stopping_serve_and_server_leaves_nothing_running(served):
+    serve = served["serve"]
+    stop(serve)
+    assert serve.returncode is not None
+    # Flow runs and the Ray each of them started are gone with it.
+    wait_for(lambda: not traces(served["ray_tmp"]), 30, "Ray processes of flow runs to exit")

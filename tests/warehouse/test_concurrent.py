@@ -1,0 +1,61 @@
+"""Readers (`keynes sql`) run while `keynes run` writes the same file, without errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import duckdb
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+SIZE, ROUNDS, SHARD = 6000, 3, 200
+
+
+def test_sql_readers_run_while_an_experiment_writes(tmp_path):
+    db = tmp_path / "busy.duckdb"
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", str(REPO / "experiments/quickstart.yaml"), "--db", str(db),
+         "--set", f"population.size={SIZE}", "--set", f"game.rounds={ROUNDS}", "--set", f"workers.shard_size={SHARD}",
+         "--set", "arms.engines.0.latency_s=0.05", "--set", "arms.engines.0.concurrency=50", "--set", "report.enabled=false"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # the writer starts its own temporary Prefect API; on a busy machine that takes a while
+        env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+             "RAY_ADDRESS": "local"},
+    )
+    counts: list[int] = []
+    failures: list[str] = []
+    try:
+        deadline = time.monotonic() + 900
+        while writer.poll() is None and time.monotonic() < deadline:
+            if not db.exists():
+                time.sleep(0.5)
+                continue
+            reader = subprocess.run(
+                [sys.executable, "-m", "flows.cli", "sql", "--db", str(db), "--format", "csv",
+                 "select (select count(*) from guesses) as n, (select count(*) from round_summary) as r"],
+                cwd=REPO, capture_output=True, text=True, timeout=300,
+            )
+            if reader.returncode != 0:
+                failures.append(reader.stderr)
+            else:
+                counts.append(int(reader.stdout.splitlines()[1].split(",")[0]))
+        out, err = writer.communicate(timeout=300)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert writer.returncode == 0, err[-2000:]
+    assert not failures, failures[:2]
+    total = SIZE * ROUNDS * 2  # two prompt modes in the quickstart
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select count(*) from guesses").fetchall() == [(total,)]
+    # the readers saw the file while it grew, never a count that went back
+    during = [c for c in counts if 0 < c < total]
+    assert len(during) >= 3, counts
+    assert counts == sorted(counts)

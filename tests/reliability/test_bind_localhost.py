@@ -60,7 +60,8 @@ else:
 
 def run(which: str, tmp_path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), RAY_ENABLE_UV_RUN_RUNTIME_ENV="0",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     proc = subprocess.run([sys.executable, "-c", SCRIPT, which], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -62,7 +62,6 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
         if address:
             kwargs["address"] = address
         else:
-            kwargs["address"] = "local"  # a new local Ray, never a cluster someone else started here
             kwargs["num_cpus"] = num_cpus or os.cpu_count() or 2
             kwargs["include_dashboard"] = dashboard
             kwargs["object_store_memory"] = 1 << 30

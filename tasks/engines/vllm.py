@@ -57,7 +57,10 @@ class VllmSpec(EngineSpec):
 
     @property
     def model_name(self) -> str:
-        return os.path.basename(os.path.normpath(self.model)) if os.sep in self.model else self.model
+        """The bundled name or hub id as given; a folder by its name (``/m/gemma-hf`` → ``gemma-hf``)."""
+        if self.model.startswith(("/", ".", "~")):
+            return os.path.basename(os.path.normpath(self.model))
+        return self.model
 
     def llm_kwargs(self, model_path: str) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments this spec stands for."""

@@ -72,6 +72,11 @@ class VllmSpec(EngineSpec):
             "enforce_eager": self.enforce_eager,
             "seed": self.seed,
         }
+        if not self.on_cuda:
+            # vLLM's CPU backend cannot rewind a seeded request's generator when its prompt is
+            # split across steps ("CPU Generator does not use offset"): schedule whole prompts.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(self.max_model_len, 4096)
         if self.max_num_seqs:
             kwargs["max_num_seqs"] = self.max_num_seqs
         if self.gpu_memory_utilization is not None:

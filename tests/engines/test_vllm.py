@@ -177,3 +177,13 @@ def test_tokens_latency_and_reasoning_are_recorded(round_db):
     assert cot[0] == "cot" and cot[1] == 16 and cot[2] > 0
     # Both phases count: the prompt grows by the reasoning, the completion adds its tokens.
     assert cot[3] > basic_in and cot[6] > basic_sum + 16
+
+
+def test_a_batch_larger_than_one_step_keeps_per_request_seeds(engine):
+    # 120 prompts × ~60 tokens exceed one scheduler step (4096 tokens): on CPU a split prompt
+    # with a seeded generator used to fail the whole call ("CPU Generator does not use offset").
+    from tasks.engines import Constraint
+
+    out = engine.generate(_batch([PROMPT] * 120, range(1000, 1120), Constraint(0, 100)))
+    assert out.error == [None] * 120
+    assert all(t.isdigit() and 0 <= int(t) <= 100 for t in out.text)

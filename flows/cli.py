@@ -119,15 +119,16 @@ def serve(
     if not _LOG_LEVEL_CHOSEN:  # flow-run logs belong in the UI
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     from flows.config import ConfigError, load_config
+    from warehouse.store import Warehouse, WarehouseError
 
     overrides = list(set_ or [])
     try:
         for config in configs:
-            _check_db(Path(load_config(config, overrides + ([f"db={db}"] if db else [])).db))
+            Warehouse(load_config(config, overrides + ([f"db={db}"] if db else [])).db).check_writable()
         from flows.deploy import deployments_for, ping, serve as serve_deployments
 
         deployments = deployments_for(list(configs), overrides, db)
-    except ConfigError as exc:
+    except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
     from prefect.settings import PREFECT_API_URL
 

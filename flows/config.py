@@ -353,7 +353,7 @@ def format_error(exc: ValidationError, data: Any = None) -> str:
     if not loc and kind == "value_error" and re.match(r"^[\w.]+: ", message.removeprefix("Value error, ")):
         return message.removeprefix("Value error, ")
     if kind == "extra_forbidden":
-        parent_model = _model_at(loc[:-1])
+        parent_model = _engine_model_at(data, error["loc"][:-1]) or _model_at(loc[:-1])
         hint = ""
         if parent_model is not None:
             keys = [field.alias or name for name, field in parent_model.model_fields.items()]
@@ -369,10 +369,32 @@ def format_error(exc: ValidationError, data: Any = None) -> str:
         return message.removeprefix("Value error, ")
     if kind in ("value_error", "assertion_error"):
         message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if message.startswith((f"{path}.", f"{path}:")):  # the check named its own, deeper field path
+            return message
         if isinstance(value, (str, int, float)) and repr(value) not in message and str(value) not in message:
             return f"{path}: {value!r}: {message}"
         return f"{path}: {message}"
     return f"{path}: {value!r}: {message[0].lower() + message[1:]}" if not isinstance(value, dict) else f"{path}: {message}"
+
+
+def _engine_model_at(data: Any, loc: tuple) -> type[BaseModel] | None:
+    """The engine config model for the mapping at ``loc`` of the raw config, by its ``kind``."""
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and part in engines.available() + ["mixture"]:
+            continue  # a discriminator tag in the error path, not in the data
+        else:
+            return None
+    if isinstance(node, dict) and isinstance(node.get("kind"), str):
+        try:
+            return engines.spec_class(node["kind"]) if node["kind"] != "mixture" else MixtureSpec
+        except ValueError:
+            return None
+    return None
 
 
 def _model_at(loc: list[str]) -> type[BaseModel] | None:

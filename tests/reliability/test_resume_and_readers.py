@@ -94,7 +94,7 @@ def reference(setup):
     start = time.monotonic()
     writer = subprocess.Popen(keynes("run", str(config), "--db", str(db)), cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    snapshots, failures = [], []
+    snapshots, failures, report = [], [], None
     try:
         while writer.poll() is None and not db.exists():
             time.sleep(0.1)
@@ -105,13 +105,21 @@ def reference(setup):
                 failures.append(reader.stderr)
             else:
                 snapshots.append(json.loads(reader.stdout)[0])
+            if report is None and snapshots and snapshots[-1]["guesses"] > 0 and writer.poll() is None:
+                # A report page built from the file mid-run (another reader of the same file).
+                out = root / "mid-run-report.html"
+                built = subprocess.run(keynes("report", "--db", str(db), "--out", str(out)),
+                                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                report = {"code": built.returncode, "stderr": built.stderr[-3000:], "out": out,
+                          "during_run": writer.poll() is None}
             time.sleep(0.5)
         _, err = writer.communicate(timeout=600)
     finally:
         if writer.poll() is None:
             writer.kill()
     assert writer.returncode == 0, err[-3000:]
-    return {"db": db, "snapshots": snapshots, "failures": failures, "seconds": time.monotonic() - start}
+    return {"db": db, "snapshots": snapshots, "failures": failures, "seconds": time.monotonic() - start,
+            "report": report}
 
 
 @pytest.mark.slow
@@ -125,6 +133,14 @@ def test_readers_see_consistent_snapshots_while_a_run_writes(reference):
     assert [s["guesses"] for s in snapshots] == sorted(s["guesses"] for s in snapshots)
     assert any(0 < s["guesses"] < TOTAL for s in snapshots), snapshots
     print(f"{len(snapshots)} snapshots over {reference['seconds']:.1f} s: {[s['guesses'] for s in snapshots]}")
+
+
+@pytest.mark.slow
+def test_a_report_built_while_a_run_writes_succeeds(reference):
+    report = reference["report"]
+    assert report is not None, "the run ended before a report could be built mid-run"
+    assert report["code"] == 0, report["stderr"]
+    assert report["out"].exists() and report["out"].stat().st_size > 100_000
 
 
 def descendants(pid: int) -> list[psutil.Process]:

@@ -88,7 +88,7 @@ def test_key_numbers_are_on_the_page(quickstart, page):
     for round_, target, mean, winning in rounds:
         for value in (target, mean, winning):
             assert f"{value:,.2f}" in page["text"], (round_, value)
-    for words in ("Nagel (1995)", "36.73", "simulated", "Arms", "Population (30 agents)"):
+    for words in ("Nagel (1995)", "36.73", "llamacpp", "Arms", "Population (30 agents)"):
         assert words in page["text"], words
     # plot titles are drawn on the canvases: they are in the page's document
     for title in ("Convergence across rounds: arm 0", "Round 3: guesses", "Mean guess per round by prompt mode",
@@ -147,6 +147,12 @@ def test_keynes_report_serve_answers_on_localhost(quickstart):
                 time.sleep(1)
         assert server.poll() is None, server.stderr.read()
         assert "keynes report" in body and "bokeh" in body.lower()
+        # It listens on the loopback only (nobody else on the network can reach it).
+        import psutil
+
+        family = {server.pid} | {p.pid for p in psutil.Process(server.pid).children(recursive=True)}
+        hosts = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.pid in family}
+        assert hosts and hosts <= {"127.0.0.1"}, hosts
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -22,7 +22,7 @@ def test_sql_readers_run_while_an_experiment_writes(tmp_path):
     writer = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", str(REPO / "experiments/quickstart.yaml"), "--db", str(db),
          "--set", f"population.size={SIZE}", "--set", f"game.rounds={ROUNDS}", "--set", f"workers.shard_size={SHARD}",
-         "--set", "arms.engines.0.latency_s=0.05", "--set", "arms.engines.0.concurrency=50", "--set", "report.enabled=false"],
+         "--set", "arms.engines=[{kind: simulated, latency_s: 0.05, concurrency: 50}]", "--set", "report.enabled=false"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # the writer starts its own temporary Prefect API; on a busy machine that takes a while
         env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",

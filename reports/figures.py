@@ -137,12 +137,14 @@ class Convergence(pn.viewable.Viewer):
             y = r[column].to_numpy()
             p.line(x, y, line_color=color, line_width=2.5, line_dash=dash, legend_label=label)
             p.scatter(x, y, color=color, size=7, legend_label=label)
-        p.line([x.min() - 0.2, x.max() + 0.2], [self.rule["equilibrium"]] * 2, line_color=EQUILIBRIUM_COLOR,
+        # An arm whose first round is still being played has no rounds yet: draw the frame anyway.
+        first, last = (x.min(), x.max()) if len(x) else (1, max(int(self.rule.get("rounds") or 1), 1))
+        p.line([first - 0.2, last + 0.2], [self.rule["equilibrium"]] * 2, line_color=EQUILIBRIUM_COLOR,
                line_dash="dashed", line_width=2, legend_label=f"equilibrium {fmt(self.rule['equilibrium'])}")
         for ref in self.reference.iter_rows(named=True):
             p.scatter([ref["round"]], [ref["mean"]], marker="star", size=16, color=HUMAN_COLOR,
                       legend_label=f"humans, {_short(ref['source'])}: round {ref['round']} mean {fmt(ref['mean'])}")
-        p.xaxis.ticker = list(x)
+        p.xaxis.ticker = list(x) if len(x) else list(range(int(first), int(last) + 1))
         p.xaxis.axis_label = "round"
         p.yaxis.axis_label = "guess"
         return pn.pane.Bokeh(p)

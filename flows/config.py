@@ -22,7 +22,7 @@ from populations.spec import PopulationSpec, SpecError, load_spec, parse_spec
 from prompts.modes import MODES, custom_mode
 from tasks import engines
 from tasks.engines.mixture import MixtureSpec
-from tasks.environment import GameOverride, GameRule, Groups, parse_fraction
+from tasks.environment import GameOverride, GameRule, Groups
 from tasks.personas import Backstories
 from tasks.play import Arm
 
@@ -421,8 +421,3 @@ def _first_model(annotation: Any) -> Any:
         if found is not None:
             return found
     return None
-
-
-def ratio_text(value: object) -> str:
-    """Normalise a ratio to its exact fraction text (for display)."""
-    return str(parse_fraction(value))

@@ -136,11 +136,6 @@ def shutdown_pools() -> None:
     _POOLS.clear()
 
 
-def shard_agents(agent_ids: np.ndarray, shard_size: int) -> list[np.ndarray]:
-    """Cut sorted agent ids into shards of ``shard_size`` by position in the population."""
-    return [agent_ids[i : i + shard_size] for i in range(0, len(agent_ids), shard_size)]
-
-
 @task(name="play", cache_policy=NONE, retries=2, retry_delay_seconds=[2, 10], task_run_name="play-{arm.run_id}-round-{round_}")
 def play_round(
     arm: Arm,

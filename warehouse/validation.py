@@ -90,11 +90,3 @@ class Backstories(pa.DataFrameModel):
     class Config:
         strict = True
         coerce = True
-
-
-def check_bounds(guesses: pl.DataFrame, low: float, high: float) -> None:
-    """Every valid guess lies in [low, high]; raise ValueError naming the first that does not."""
-    bad = guesses.filter(pl.col("valid") & ((pl.col("guess") < low) | (pl.col("guess") > high)))
-    if bad.height:
-        row = bad.row(0, named=True)
-        raise ValueError(f"guess {row['guess']} of agent {row['agent_id']} is valid but outside [{low}, {high}]")

@@ -80,17 +80,19 @@ def personas_stage(
     actors: int = 1,
     ray_address: str | None = None,
     dashboard: bool = False,
-) -> pl.DataFrame:
-    """The experiment's personas: stored ones if present, else sampled (with backstories
-    when enabled) and stored."""
-    stored = warehouse.read_personas(experiment_id)
-    if stored.height == size:
-        return stored
+) -> dict[str, Any]:
+    """Store the experiment's personas unless they are stored already: sampled, with
+    backstories when enabled. Returns what was done (agents, sampled, backstory counts);
+    the personas themselves are read from the warehouse, which is why this stage's
+    cached result stays a few bytes at any population size.
+    """
+    if warehouse.count_personas(experiment_id) == size:
+        return {"experiment_id": experiment_id, "agents": size, "sampled": False}
     personas, counts = make_personas(spec, size, seed, warehouse, backstories, actors, ray_address, dashboard)
     if counts:
         log.info("backstories: %(generated)d generated, %(reused)d reused, %(failed)d failed", counts)
     warehouse.write_personas(experiment_id, personas)
-    return warehouse.read_personas(experiment_id)
+    return {"experiment_id": experiment_id, "agents": size, "sampled": True, **({"backstories": counts} if counts else {})}
 
 
 def make_personas(
@@ -191,16 +193,18 @@ def _generate(
     bar = progress.current().start("backstories", total=missing.height)
     template = template_hash(settings.template_path().read_text())
 
-    def store(batch: RequestBatch, result: CompletionBatch) -> None:
+    def store(finished: list[tuple[RequestBatch, CompletionBatch]]) -> None:
         nonlocal written, failed
-        part = by_batch[id(batch)]
-        rows = part.with_columns(
-            raw=pl.Series(result.text, dtype=pl.String),
-            error=pl.Series(result.error, dtype=pl.String),
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            latency_s=result.latency_s,
-        )
+        parts = []
+        for batch, result in finished:
+            parts.append(by_batch[id(batch)].with_columns(
+                raw=pl.Series(result.text, dtype=pl.String),
+                error=pl.Series(result.error, dtype=pl.String),
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.completion_tokens,
+                latency_s=result.latency_s,
+            ))
+        rows = pl.concat(parts, how="vertical_relaxed")
         ok = rows.filter(pl.col("error").is_null() & pl.col("raw").is_not_null())
         failed += rows.height - ok.height
         if ok.height:
@@ -213,7 +217,7 @@ def _generate(
                 max_tokens=pl.lit(settings.max_tokens),
             )
             written += write_backstories(warehouse, ok)
-        bar.advance(part.height)
+        bar.advance(rows.height)
 
     pool = WorkerPool(spec, actors)
     try:

@@ -1,9 +1,9 @@
 """Stage 2, play: cut the population into shards and play them on a pool of Ray actors.
 
 Each actor owns one engine (a model loads once per actor and serves every round).
-Shards of a round run in parallel across actors; each finished shard is committed
-to the warehouse as soon as it arrives, so an interrupted round resumes with only
-the missing agents. Actors restart after a crash and Ray retries their shard.
+Shards of a round run in parallel across actors; finished shards are committed to
+the warehouse as soon as they arrive (those that arrive together in one transaction),
+so an interrupted round resumes with only the missing agents. Actors restart after a crash and Ray retries their shard.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tasks.engines.mixture import MixtureSpec, shard_index
 from tasks.worker import Arm, ShardJob, ShardResult, game_context, groups_context, population_context
 from warehouse.store import Warehouse
 
-__all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "run_pools", "shutdown_pools"]
+__all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "run_pools", "shutdown_pools", "warm_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,10 @@ class WorkerPool:
         }
         self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
 
-    def run(self, jobs: list[Any], on_result: Callable[[Any, Any], None], method: str = "play") -> None:
-        """Play every job (or pass each to the actors' ``method``), calling ``on_result``
-        in the driver as each one finishes."""
-        run_pools([(self, jobs)], on_result, method)
+    def run(self, jobs: list[Any], on_done: Callable[[list[tuple[Any, Any]]], None], method: str = "play") -> None:
+        """Play every job (or pass each to the actors' ``method``), calling ``on_done`` in
+        the driver with the (job, result) pairs that finished since its last call."""
+        run_pools([(self, jobs)], on_done, method)
 
     def shutdown(self) -> None:
         for actor in self.actors:
@@ -90,10 +90,16 @@ class WorkerPool:
 
 
 def run_pools(
-    work: list[tuple[WorkerPool, list[ShardJob]]], on_result: Callable[[ShardJob, ShardResult], None], method: str = "play"
+    work: list[tuple[WorkerPool, list[ShardJob]]],
+    on_done: Callable[[list[tuple[ShardJob, ShardResult]]], None],
+    method: str = "play",
 ) -> None:
-    """Play each pool's jobs on that pool, all pools at once (the engines of a mixture),
-    calling ``on_result`` in the driver as each shard finishes."""
+    """Play each pool's jobs on that pool, all pools at once (the engines of a mixture).
+
+    ``on_done`` runs in the driver with every (job, result) that finished since its last
+    call: while it commits one batch, the next accumulates (group commit), so the driver
+    keeps up with any number of actors. Freed actors get new jobs before it is called.
+    """
     queues = [(pool, deque(jobs), [0] * len(pool.actors)) for pool, jobs in work]
     running: dict[ray.ObjectRef, tuple[ShardJob, int, int]] = {}
 
@@ -109,13 +115,16 @@ def run_pools(
 
     submit()
     while running:
-        done, _ = ray.wait(list(running), num_returns=1)
-        ref = done[0]
-        job, p, index = running.pop(ref)
-        queues[p][2][index] -= 1
-        result = ray.get(ref)
-        on_result(job, result)
+        ray.wait(list(running), num_returns=1)
+        ready, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
+        results = ray.get(ready)
+        finished = []
+        for ref, result in zip(ready, results):
+            job, p, index = running.pop(ref)
+            queues[p][2][index] -= 1
+            finished.append((job, result))
         submit()
+        on_done(finished)
 
 
 _POOLS: dict[str, WorkerPool] = {}
@@ -127,6 +136,18 @@ def pool_for(spec: EngineSpec, actors: int) -> WorkerPool:
     if key not in _POOLS:
         _POOLS[key] = WorkerPool(spec, actors)
     return _POOLS[key]
+
+
+def warm_pool(arm: Arm, agents: int, actors: int, shard_size: int) -> None:
+    """Start the actors that will play ``arm`` now, so that their processes start (and
+    load their engine) while the driver does other work; ``play_round`` finds them.
+
+    Only for a plain engine, where the pool size is known from the population size
+    alone (a mixture's depends on how the agents are split).
+    """
+    if isinstance(arm.engine, MixtureSpec) or agents <= 0:
+        return
+    pool_for(arm.engine, min(actors, -(-agents // shard_size)))
 
 
 def shutdown_pools() -> None:
@@ -177,14 +198,15 @@ def play_round(
     written = 0
     bar = progress.current().start(f"{arm.run_id} round {round_}", total=n, completed=len(done))
 
-    def commit(job: ShardJob, result: ShardResult) -> None:
+    def commit(finished: list[tuple[ShardJob, ShardResult]]) -> None:
         nonlocal written
-        written += warehouse.write_shard(
-            result.guesses,
-            {"run_id": arm.run_id, "round": round_, "shard": job.shard, "n": job.agents.height,
-             "node": result.node, "worker": result.worker, "seconds": result.seconds},
-        )
-        bar.advance(job.agents.height)
+        written += warehouse.write_shards([
+            (result.guesses,
+             {"run_id": arm.run_id, "round": round_, "shard": job.shard, "n": job.agents.height,
+              "node": result.node, "worker": result.worker, "seconds": result.seconds})
+            for job, result in finished
+        ])
+        bar.advance(sum(job.agents.height for job, _ in finished))
 
     if jobs:
         used = sorted({c for c, _ in jobs})

@@ -200,6 +200,13 @@ class Warehouse:
             con.unregister("new_personas")
             return frame.height
 
+    def count_personas(self, experiment_id: str) -> int:
+        """How many personas of this experiment are stored (0 for a new file)."""
+        if not self.path.exists():
+            return 0
+        with self.connect() as con:
+            return con.execute("SELECT count(*) FROM personas WHERE experiment_id = ?", [experiment_id]).fetchall()[0][0]
+
     def read_personas(self, experiment_id: str) -> pl.DataFrame:
         """An experiment's personas, ordered by agent id, without the experiment column."""
         with self.connect() as con:
@@ -217,32 +224,44 @@ class Warehouse:
             return _frame(con, sql, [run_id, round_])["agent_id"].to_numpy()
 
     def write_shard(self, guesses: pl.DataFrame, shard: dict[str, Any]) -> int:
-        """Commit one shard's guesses and its ``shards`` row in one transaction.
+        """Commit one shard's guesses and its ``shards`` row (see ``write_shards``)."""
+        return self.write_shards([(guesses, shard)])
+
+    def write_shards(self, shards: list[tuple[pl.DataFrame, dict[str, Any]]]) -> int:
+        """Commit shards of one round — their guesses and ``shards`` rows — in one transaction.
 
         Rows already stored for (run, round, agent) are skipped, so a re-dispatched
         shard never duplicates a guess. Returns the number of new rows.
+
+        One transaction for every shard that is ready (not one per shard) matters at scale:
+        a DuckDB commit costs ~0.1 s whatever its size, a million rows ~0.6 s in all.
         """
-        frame = Guesses.validate(guesses.select(GUESS_COLUMNS), lazy=True)
-        # A shard's agents lie in one id range: bounding the anti-join's probe of stored
-        # guesses by it lets DuckDB skip every other row group (zone maps), so a commit
-        # costs the size of the shard, not of the table. INSERT returns its row count,
-        # which replaces two counting scans of the whole round.
+        if not shards:
+            return 0
+        frame = pl.concat([g.select(GUESS_COLUMNS) for g, _ in shards], how="vertical_relaxed")
+        frame = Guesses.validate(frame, lazy=True)
+        keys = {(s["run_id"], s["round"]) for _, s in shards}
+        (run_id, round_) = min(keys)
+        if len(keys) > 1 or frame.filter((pl.col("run_id") != run_id) | (pl.col("round") != round_)).height:
+            raise ValueError(f"write_shards: one call commits shards of one run and round, got {sorted(keys)}")
+        # Bounding the anti-join's probe of stored guesses by run, round and the agents'
+        # id range lets DuckDB skip every other row group (zone maps): a commit costs the
+        # size of its shards, not of the table. INSERT returns its row count.
         ids = frame["agent_id"]
         low, high = (int(ids.min()), int(ids.max())) if frame.height else (0, -1)
         with self.transaction() as con:
             con.register("new_guesses", frame.to_arrow())
             inserted = con.execute(
                 f"""INSERT INTO guesses SELECT {', '.join(GUESS_COLUMNS)} FROM new_guesses n
-                    WHERE NOT EXISTS (SELECT 1 FROM guesses g WHERE g.run_id = n.run_id
-                                      AND g.round = n.round AND g.agent_id = n.agent_id
-                                      AND g.agent_id BETWEEN ? AND ?)""",
-                [low, high],
+                    WHERE NOT EXISTS (SELECT 1 FROM guesses g WHERE g.run_id = ? AND g.round = ?
+                                      AND g.agent_id BETWEEN ? AND ? AND g.agent_id = n.agent_id)""",
+                [run_id, round_, low, high],
             ).fetchall()[0][0]
             con.unregister("new_guesses")
-            con.execute(
+            con.executemany(
                 """INSERT INTO shards (run_id, round, shard, n, node, worker, seconds) VALUES (?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT DO NOTHING""",
-                [shard["run_id"], shard["round"], shard["shard"], shard["n"], shard["node"], shard["worker"], shard["seconds"]],
+                [[s["run_id"], s["round"], s["shard"], s["n"], s["node"], s["worker"], s["seconds"]] for _, s in shards],
             )
         return inserted
 

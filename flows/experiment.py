@@ -19,7 +19,7 @@ from prefect.states import Completed
 from flows import monitor, policies
 from flows.config import ConfigError, ExperimentConfig, load_config
 from tasks import progress
-from tasks.play import Arm, ensure_ray, shutdown_pools
+from tasks.play import Arm, ensure_ray, shutdown_pools, warm_pool
 from tasks.report import report_stage
 from tasks.worker import check_prompt_inputs
 from warehouse.store import Warehouse
@@ -139,36 +139,41 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     warehouse.begin_experiment(
         cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
-    personas = policies.personas(
-        cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
-        cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
-    )
-    if cfg.groups is not None:
-        personas = personas.with_columns(cfg.groups.assign(personas, cfg.seed))
-        warehouse.write_groups(cfg.experiment_id, personas.select("agent_id", "group"))
-    for arm in arms:
-        try:
-            check_prompt_inputs(arm, personas)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
-    if ray_info.get("dashboard_url"):
-        print(f"Ray dashboard: {monitor.publish_dashboard(ray_info['dashboard_url'])}")
-        summary["dashboard_url"] = ray_info["dashboard_url"]
-    for arm in arms:
-        warehouse.begin_run(run_row(cfg, arm))
-    since = datetime.now(timezone.utc)
-    # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
-    with progress.reporting(monitor.Fanout(progress.current(), monitor.ArtifactProgress())):
-        try:
+    try:
+        if not cfg.population.backstories.enabled:
+            # The first arm's actors start (and load their engine) while the personas are
+            # sampled and stored. Not with backstories: their own actors need the CPUs first.
+            ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
+            first = next(a for a in arms if plan[a.run_id])
+            warm_pool(first, cfg.population.size, cfg.workers.actors, cfg.workers.shard_size)
+        personas = _personas(cfg, warehouse)
+        if cfg.groups is not None:
+            personas = personas.with_columns(cfg.groups.assign(personas, cfg.seed))
+            warehouse.write_groups(cfg.experiment_id, personas.select("agent_id", "group"))
+        for arm in arms:
+            try:
+                check_prompt_inputs(arm, personas)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
+        if ray_info.get("dashboard_url"):
+            print(f"Ray dashboard: {monitor.publish_dashboard(ray_info['dashboard_url'])}")
+            summary["dashboard_url"] = ray_info["dashboard_url"]
+        for arm in arms:
+            warehouse.begin_run(run_row(cfg, arm))
+        since = datetime.now(timezone.utc)
+        # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
+        with progress.reporting(monitor.Fanout(progress.current(), monitor.ArtifactProgress())):
             # Arms that share an engine run back to back on the same actors; the pool is
             # released before the next engine loads its model.
             for _, same_engine in groupby(arms, key=lambda a: a.engine.key):
-                for arm in same_engine:
+                group = list(same_engine)
+                for arm in group:
                     _play_arm(cfg, arm, plan[arm.run_id], finished.get(arm.run_id, set()), personas, warehouse, summary, since)
-                shutdown_pools()
-        finally:
-            shutdown_pools()
+                if any(plan[arm.run_id] for arm in group):
+                    shutdown_pools()
+    finally:
+        shutdown_pools()
     summary["complete"] = all(summary["rounds"][a.run_id]["complete"] for a in arms)
     warehouse.finish_experiment(cfg.experiment_id, "completed" if summary["complete"] else "waiting")
     # Stage 5: the report page, linked in the UI. A failed report loses nothing: the
@@ -188,6 +193,20 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         "" if summary["complete"] else " (continue: the next run plays the next round)",
     )
     return summary
+
+
+def _personas(cfg: ExperimentConfig, warehouse: Warehouse):
+    """Stage 1: the experiment's personas, stored by the (cached) personas stage and read back."""
+    args = (
+        cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
+        cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
+    )
+    policies.personas(*args)
+    personas = warehouse.read_personas(cfg.experiment_id)
+    if personas.height != cfg.population.size:  # a cached stage, but its rows are gone from the file
+        policies.personas.with_options(refresh_cache=True)(*args)
+        personas = warehouse.read_personas(cfg.experiment_id)
+    return personas
 
 
 def _play_arm(

@@ -140,3 +140,24 @@ def test_each_run_shows_progress_round_outcomes_and_workers_in_the_ui(serial_run
     latest = max(tables, key=lambda a: a.created).data  # a new version after each round
     rows = json.loads(latest) if isinstance(latest, str) else latest
     assert sum(r["shards"] for r in rows) == 2 * 3 and sum(r["agents"] for r in rows) == 2 * 40
+
+
+def test_later_runs_take_the_personas_from_prefects_cache(serial_runs):
+    """A later run does not sample again: Prefect answers the personas stage from its cache
+    (keyed by experiment id, size and warehouse file); the cached record is a receipt,
+    the personas themselves are read from the warehouse."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    path, _, runs = serial_runs
+    states = []
+    with get_client(sync_client=True) as client:
+        for state, *_ in runs[:3]:
+            task_runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+            )
+            states += [r.state for r in task_runs if r.name.startswith("personas-")]
+    assert [s.name for s in states] == ["Completed", "Cached", "Cached"]
+    experiment_id = runs[0][1]["experiment_id"]
+    assert states[1].result() == {"experiment_id": experiment_id, "agents": 40, "sampled": True}
+    assert q(path, "select count(*), count(distinct agent_id) from personas") == [(40, 40)]

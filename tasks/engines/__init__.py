@@ -111,9 +111,10 @@ class Completion:
 
 @dataclass
 class CompletionBatch:
-    """Completions in request order, one entry per agent."""
+    """Completions in request order, one entry per agent (``text``: a list, or a polars
+    String Series from engines that make their answers column-wise)."""
 
-    text: list[str]
+    text: Sequence[str]
     prompt_tokens: np.ndarray
     completion_tokens: np.ndarray
     latency_s: np.ndarray
@@ -226,5 +227,6 @@ def parse_spec(value: Any) -> EngineSpec:
 
 def build_engine(spec: EngineSpec) -> Engine:
     """Build the engine a spec describes (imports its library on first use)."""
-    _load_all()
+    if spec.kind not in _REGISTRY:  # a spec's own module registers it: others are not imported
+        _load_all()
     return _REGISTRY[spec.kind].build(spec)

@@ -60,6 +60,7 @@ class Row:
     shards: int
     rows: int
     nodes: dict[str, int]
+    report_s: float | None = None
 
 
 class MemorySampler:
@@ -146,6 +147,8 @@ def config(n: int, latency_s: float, args: argparse.Namespace, db: Path, ray_add
         },
         "workers": {"ray_address": ray_address, "actors": args.actors, "shard_size": args.shard_size},
         "db": str(db),
+        # The report page is not one of the paper's stages: it is timed on its own (--report).
+        "report": {"enabled": False},
     }
 
 
@@ -169,9 +172,16 @@ def run_one(n: int, latency_s: float, args, workdir: Path, sampler: MemorySample
         nodes = dict(con.execute("select node, count(*) from shards group by node order by node").fetchall())
     if rows != n or summary["rows_written"] != n:
         raise SystemExit(f"{n} agents: {rows} guesses stored, {summary['rows_written']} written — expected {n}")
+    report_s = None
+    if args.report:
+        from reports.export import write_reports
+
+        t = time.perf_counter()
+        write_reports(str(db), str(workdir / f"scale-{n}-{latency_s:g}-report.html"), summary["experiment_id"])
+        report_s = time.perf_counter() - t
     if not args.keep_db:
         db.unlink(missing_ok=True)
-    return Row(n, latency_s, wall, n / wall, peak / 2**20, cpu, shards, rows, nodes)
+    return Row(n, latency_s, wall, n / wall, peak / 2**20, cpu, shards, rows, nodes, report_s)
 
 
 def start_ray(args) -> tuple[str | None, object | None, float]:
@@ -208,16 +218,40 @@ def machine() -> str:
     return f"{platform.node()}: {cpus} cores, {ram:.0f} GiB RAM, Python {platform.python_version()}, load average {load:.1f} at start"
 
 
+def linear_fits(rows: list[Row]) -> list[str]:
+    """Per latency, the least-squares line wall = fixed + per_agent × agents, and how far
+    the measured runs lie from it: the check that time grows linearly with the agents."""
+    lines = []
+    for latency in sorted({r.latency_s for r in rows}, reverse=True):
+        runs = [r for r in rows if r.latency_s == latency]
+        if len({r.agents for r in runs}) < 2:
+            continue
+        n = [float(r.agents) for r in runs]
+        wall = [r.wall_s for r in runs]
+        mean_n, mean_w = sum(n) / len(n), sum(wall) / len(wall)
+        slope = sum((x - mean_n) * (y - mean_w) for x, y in zip(n, wall)) / sum((x - mean_n) ** 2 for x in n)
+        fixed = mean_w - slope * mean_n
+        worst = max(abs(fixed + slope * x - y) for x, y in zip(n, wall))
+        lines.append(
+            f"linear fit, latency {latency:g} s: wall ≈ {fixed:.1f} s + {slope * 1e6:.2f} s per million agents "
+            f"(largest deviation {worst:.1f} s; beyond the fixed cost {1 / slope:,.0f} decisions/s)"
+            if slope > 0 else f"linear fit, latency {latency:g} s: wall does not grow with agents here"
+        )
+    return lines
+
+
 def print_table(rows: list[Row], args, startup: dict[str, float]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=140)
     table = Table(title="keynes scale benchmark: simulated uniform agents, one round, full experiment flow")
-    for column in ("agents", "latency s", "wall s", "decisions/s", "peak memory MB", "CPU s", "shards", "rows in DuckDB"):
+    columns = ["agents", "latency s", "wall s", "decisions/s", "peak memory MB", "CPU s", "shards", "rows in DuckDB"]
+    for column in columns + (["report page s"] if args.report else []):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(f"{r.agents:,}", f"{r.latency_s:g}", f"{r.wall_s:.1f}", f"{r.rate:,.0f}", f"{r.peak_mb:,.0f}", f"{r.cpu_s:.1f}", f"{r.shards}", f"{r.rows:,}")
+        cells = [f"{r.agents:,}", f"{r.latency_s:g}", f"{r.wall_s:.1f}", f"{r.rate:,.0f}", f"{r.peak_mb:,.0f}", f"{r.cpu_s:.1f}", f"{r.shards}", f"{r.rows:,}"]
+        table.add_row(*cells, *([f"{r.report_s:.1f}"] if args.report else []))
     console.print(table)
     console.print(
         f"settings: actors={args.actors} (at most one per shard; num_cpus={args.actor_cpus} each), shard_size={args.shard_size:,}, "
@@ -230,6 +264,8 @@ def print_table(rows: list[Row], args, startup: dict[str, float]) -> None:
         " CPU s: CPU time those processes used during the run.",
         highlight=False,
     )
+    for line in linear_fits(rows):
+        console.print(line, highlight=False)
     console.print(f"machine: {machine()}", highlight=False)
     if args.nodes > 1:
         for r in rows:
@@ -251,6 +287,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--nodes", type=int, default=1, help="Ray nodes: >1 starts a local multi-node cluster.")
     parser.add_argument("--cpus-per-node", type=int, default=1, help="CPUs per node of the multi-node cluster.")
     parser.add_argument("--warmup", type=int, default=1000, help="Agents of the untimed warm-up run that starts Prefect's API (0: none).")
+    parser.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
+                        help="After each run, build its report page (timed apart, not in wall s).")
     parser.add_argument("--workdir", default=None, help="Where the DuckDB files go (default: a temporary folder).")
     parser.add_argument("--keep-db", action="store_true", help="Keep the DuckDB files.")
     parser.add_argument("--json", default=None, help="Also write the rows as JSON here.")

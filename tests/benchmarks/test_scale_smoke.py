@@ -40,6 +40,10 @@ def test_table_has_a_row_per_latency_with_every_agent(bench):
     rows = json.loads((work / "rows.json").read_text())
     assert [(r["agents"], r["latency_s"], r["rows"]) for r in rows] == [(N, 1.0, N), (N, 0.0, N)]
     assert all(r["wall_s"] > 0 and r["peak_mb"] > 0 and r["cpu_s"] > 0 for r in rows)
+    # each run's report page is built after it, timed apart from the run
+    assert all(r["report_s"] > 0 for r in rows)
+    for latency in ("1", "0"):
+        assert "<html" in (work / f"scale-{N}-{latency}-report.html").read_text()[:2000].lower()
     # the 1 s run waited for its simulated server at least once
     assert rows[0]["wall_s"] >= 1.0
 

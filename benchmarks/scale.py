@@ -33,6 +33,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # actor); this project's venv already holds keynes, so workers use this interpreter.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
+import numpy as np
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,12 +227,10 @@ def linear_fits(rows: list[Row]) -> list[str]:
         runs = [r for r in rows if r.latency_s == latency]
         if len({r.agents for r in runs}) < 2:
             continue
-        n = [float(r.agents) for r in runs]
-        wall = [r.wall_s for r in runs]
-        mean_n, mean_w = sum(n) / len(n), sum(wall) / len(wall)
-        slope = sum((x - mean_n) * (y - mean_w) for x, y in zip(n, wall)) / sum((x - mean_n) ** 2 for x in n)
-        fixed = mean_w - slope * mean_n
-        worst = max(abs(fixed + slope * x - y) for x, y in zip(n, wall))
+        n = np.array([r.agents for r in runs], np.float64)
+        wall = np.array([r.wall_s for r in runs])
+        slope, fixed = np.polyfit(n, wall, 1)
+        worst = float(np.abs(fixed + slope * n - wall).max())
         lines.append(
             f"linear fit, latency {latency:g} s: wall ≈ {fixed:.1f} s + {slope * 1e6:.2f} s per million agents "
             f"(largest deviation {worst:.1f} s; beyond the fixed cost {1 / slope:,.0f} decisions/s)"

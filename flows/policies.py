@@ -3,8 +3,9 @@
 Engine and I/O failures (a Ray actor or task error, a locked or unreachable file, a
 timeout) are retried with exponential backoff; bad input is not. The personas stage is
 cached by experiment id (config hash), size and warehouse, so a retried flow run skips
-it (its cached result is a small receipt: the personas themselves are in the warehouse); rounds need no Prefect cache: a finished round is committed in the warehouse and
-skipped by the flow, and a half-played round replays only its missing shards.
+it (its cached result is a small receipt: the personas themselves are in the warehouse);
+rounds need no Prefect cache: a finished round is committed in the warehouse and skipped
+by the flow, and a half-played round replays only its missing shards.
 """
 
 from __future__ import annotations

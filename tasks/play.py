@@ -3,7 +3,8 @@
 Each actor owns one engine (a model loads once per actor and serves every round).
 Shards of a round run in parallel across actors; finished shards are committed to
 the warehouse as soon as they arrive (those that arrive together in one transaction),
-so an interrupted round resumes with only the missing agents. Actors restart after a crash and Ray retries their shard.
+so an interrupted round resumes with only the missing agents. Actors restart after a
+crash and Ray retries their shard.
 """
 
 from __future__ import annotations

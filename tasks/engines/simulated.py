@@ -199,9 +199,7 @@ def _word_counts(prompts: Sequence[str]) -> np.ndarray:
     round 1, the same object repeated): counting each distinct text once and looking
     the others up is what keeps this off the profile at a million agents.
     """
-    counts: dict[str, int] = {}
-    for text in set(prompts):
-        counts[text] = len(text.split())
+    counts = {text: len(text.split()) for text in set(prompts)}
     return np.fromiter((counts[p] for p in prompts), np.int64, len(prompts))
 
 

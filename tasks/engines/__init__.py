@@ -120,6 +120,13 @@ class CompletionBatch:
     latency_s: np.ndarray
     attempts: np.ndarray
     error: list[str | None]
+    #: Shared-context answers (``tasks.engines.exact``): True where the prompt was evaluated
+    #: once for every agent with the same prompt; None from per-agent engines.
+    shared_prompt: np.ndarray | None = None
+    #: Each agent's group key (its prompt's context hash) on the shared path.
+    context: list[str | None] | None = None
+    #: One row per group and answer: context, answer, probability, agents (polars frame).
+    distributions: Any = None
 
     def __len__(self) -> int:
         return len(self.text)

@@ -14,7 +14,9 @@ from typing import Literal
 from pydantic import Field
 
 from prompts.answers import number_gbnf
-from tasks.engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
+from tasks.engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, Sampling, register
+from tasks.engines.exact import Chain
+from tasks.engines.llamacpp_shared import SharedContext
 from tasks.engines.models import DEFAULT_MODEL, MODELS, resolve
 
 #: llama.cpp reads this seed as "pick one at random": never pass it.
@@ -33,6 +35,7 @@ class LlamaCppSpec(EngineSpec):
     min_p: float = Field(0.05, ge=0, le=1, description="Min-p sampling.")
     repeat_penalty: float = Field(1.1, gt=0, description="Penalty on repeated tokens (1 = off); keeps small base models from looping.")
     stop: tuple[str, ...] = Field(("\n\n",), description="Stop sequences of free-text (reasoning) requests.")
+    shared_context: bool = Field(True, description="Constrained answers from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed; false: one sampled completion per agent.")
 
     @property
     def model_name(self) -> str:
@@ -61,9 +64,14 @@ class LlamaCppEngine:
             verbose=False,
         )
         self._grammars: dict[Constraint, object] = {}
+        self._shared: SharedContext | None = None
 
     def generate(self, batch: RequestBatch) -> CompletionBatch:
         """Complete every request; constrained ones return only the number's text."""
+        if batch.constraint is not None and self.spec.shared_context and len(batch):
+            if self._shared is None:
+                self._shared = SharedContext(self.llm)
+            return self._shared.generate(batch, self.chain(batch.sampling))
         grammar = self._grammar(batch.constraint) if batch.constraint is not None else None
         requests = list(batch)
         # Sorted prompts put shared prefixes next to each other: llama.cpp keeps the KV cache
@@ -77,6 +85,10 @@ class LlamaCppEngine:
         for i in order:
             rows[i] = self._complete(requests[i], grammar)
         return CompletionBatch.from_rows(rows)  # type: ignore[arg-type]
+
+    def chain(self, sampling: Sampling) -> Chain:
+        """The sampling chain both paths apply (``create_completion``'s, documented in ``Chain``)."""
+        return Chain(sampling.temperature, self.spec.top_k, sampling.top_p, self.spec.min_p, self.spec.repeat_penalty)
 
     def _complete(self, request: Request, grammar: object | None) -> Completion:
         sampling = request.sampling

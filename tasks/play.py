@@ -204,7 +204,8 @@ def play_round(
         written += warehouse.write_shards([
             (result.guesses,
              {"run_id": arm.run_id, "round": round_, "shard": job.shard, "n": job.agents.height,
-              "node": result.node, "worker": result.worker, "seconds": result.seconds})
+              "node": result.node, "worker": result.worker, "seconds": result.seconds,
+              "distributions": result.distributions})
             for job, result in finished
         ])
         bar.advance(sum(job.agents.height for job, _ in finished))

@@ -91,6 +91,8 @@ class ShardResult(_ArrowPickled):
     node: str
     worker: str
     seconds: float
+    #: Shared-context answers: each group's exact distribution (``answer_distributions`` rows).
+    distributions: pl.DataFrame | None = None
 
     _frame_field = "guesses"
 
@@ -147,6 +149,8 @@ class ShardPlayer:
                 "latency_s": latency + answer.latency_s,
                 "attempts": answer.attempts,
                 "engine_error": engine_error,
+                "shared_prompt": answer.shared_prompt if answer.shared_prompt is not None else np.zeros(len(ids), bool),
+                "context": pl.Series(answer.context if answer.context is not None else [None] * len(ids), dtype=pl.String),
             }
         ).with_columns(
             parsed["guess"].alias("guess"),
@@ -157,7 +161,13 @@ class ShardPlayer:
         guesses = guesses.with_columns(
             valid=pl.col("valid") & pl.col("engine_error").is_null(),
         ).with_columns(guess=pl.when(pl.col("valid")).then(pl.col("guess"))).drop("engine_error")
-        return ShardResult(guesses, node, self.worker, time.perf_counter() - start)
+        distributions = None
+        if answer.distributions is not None:
+            distributions = answer.distributions.select(
+                pl.lit(arm.run_id).alias("run_id"), pl.lit(job.round, pl.Int32).alias("round"),
+                pl.lit(job.shard, pl.Int32).alias("shard"), "context", "answer", "probability", "agents",
+            )
+        return ShardResult(guesses, node, self.worker, time.perf_counter() - start, distributions)
 
     def close(self) -> None:
         self.engine.close()

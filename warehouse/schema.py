@@ -150,6 +150,23 @@ MIGRATIONS: list[str] = [
         agent_id   BIGINT NOT NULL
     );
     """,
+    # 3 -> 4: shared-context answers — each guess says whether its prompt was evaluated once for
+    # its whole group (shared_prompt) and which group (context); each group's exact answer
+    # distribution, per shard that played it (a shard's rows commit with its guesses)
+    """
+    ALTER TABLE guesses ADD COLUMN shared_prompt BOOLEAN NOT NULL DEFAULT false;
+    ALTER TABLE guesses ADD COLUMN context VARCHAR;
+    CREATE TABLE IF NOT EXISTS answer_distributions (
+        run_id      VARCHAR NOT NULL,
+        round       INTEGER NOT NULL,
+        shard       INTEGER NOT NULL,
+        context     VARCHAR NOT NULL,   -- hash of the prompt, sampling chain and constraint
+        answer      VARCHAR NOT NULL,   -- the answer text, as stored in guesses.raw
+        probability DOUBLE NOT NULL,
+        agents      BIGINT NOT NULL,    -- the shard's agents with this context
+        PRIMARY KEY (run_id, round, shard, context, answer)
+    );
+    """,
 ]
 
 

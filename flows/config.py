@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from populations.spec import PopulationSpec, SpecError, load_spec, parse_spec
 from prompts.modes import MODES, custom_mode
 from tasks import engines
+from tasks.engines import SamplingSettings
 from tasks.engines.mixture import MixtureSpec
 from tasks.environment import GameOverride, GameRule, Groups
 from tasks.personas import Backstories
@@ -129,6 +130,7 @@ class ArmsConfig(Strict):
     temperatures: list[float] = Field([0.7], min_length=1, description="Sampling temperatures.")
     max_reasoning_tokens: int = Field(256, gt=0, description="Token budget of the free reasoning phase of modes that reason.")
     max_answer_tokens: int = Field(8, gt=0, description="Token budget of the (constrained) answer.")
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings, description="The sampling chain of every arm (top_p, top_k, min_p, repeat_penalty), the same on every engine.")
 
     @field_validator("prompts")
     @classmethod
@@ -270,6 +272,7 @@ class ExperimentConfig(Strict):
                                 max_reasoning_tokens=self.arms.max_reasoning_tokens,
                                 max_answer_tokens=self.arms.max_answer_tokens,
                                 custom=None if isinstance(prompt, str) else prompt.mode(),
+                                sampling=self.arms.sampling,
                             )
                         )
         return out

@@ -46,6 +46,7 @@ def run_row(config: ExperimentConfig, arm: Arm) -> dict[str, Any]:
         "rounds": rule.rounds,
         "equilibrium": rule.equilibrium,
         "spec": arm.engine.model_dump(mode="json"),
+        "sampling": arm.sampling.model_dump(mode="json"),
         "status": "running",
     }
 

@@ -18,7 +18,7 @@ import polars as pl
 from prompts.answers import parse_answers
 from prompts.modes import FINAL_CUE, PromptMode, get_mode
 from prompts.render import render
-from tasks.engines import Constraint, EngineSpec, RequestBatch, Sampling, build_engine
+from tasks.engines import Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine
 from tasks.environment import GameRule
 from tasks.seeds import agent_seeds
 
@@ -39,6 +39,7 @@ class Arm:
     max_reasoning_tokens: int = 256
     max_answer_tokens: int = 8
     custom: PromptMode | None = None  # a user's own template (arms.prompts mapping)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)  # arms.sampling
 
     @property
     def mode(self) -> PromptMode:
@@ -121,7 +122,7 @@ class ShardPlayer:
         errors: list[str | None] = [None] * len(ids)
         if arm.mode.reasoning:
             free = self.engine.generate(
-                RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_reasoning_tokens), None)
+                RequestBatch(ids, prompts, seeds, arm.sampling.sampling(arm.temperature, arm.max_reasoning_tokens), None)
             )
             reasoning = free.text
             prompts = [p + r + FINAL_CUE for p, r in zip(prompts, free.text)]
@@ -130,7 +131,7 @@ class ShardPlayer:
             latency += free.latency_s
             errors = list(free.error)
         answer = self.engine.generate(
-            RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_answer_tokens), constraint, rule)
+            RequestBatch(ids, prompts, seeds, arm.sampling.sampling(arm.temperature, arm.max_answer_tokens), constraint, rule)
         )
         parsed = parse_answers(pl.Series(answer.text, dtype=pl.String), rule.low, rule.high, rule.integer)
         engine_error = pl.Series([e2 or e1 for e1, e2 in zip(errors, answer.error)], dtype=pl.String)

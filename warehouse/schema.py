@@ -150,12 +150,13 @@ MIGRATIONS: list[str] = [
         agent_id   BIGINT NOT NULL
     );
     """,
-    # 3 -> 4: shared-context answers — each guess says whether its prompt was evaluated once for
+    # 3 -> 4: the run's sampling chain (runs.sampling); shared-context answers — each guess says whether its prompt was evaluated once for
     # its whole group (shared_prompt) and which group (context); each group's exact answer
     # distribution, per shard that played it (a shard's rows commit with its guesses)
     """
     ALTER TABLE guesses ADD COLUMN shared_prompt BOOLEAN NOT NULL DEFAULT false;
     ALTER TABLE guesses ADD COLUMN context VARCHAR;
+    ALTER TABLE runs ADD COLUMN sampling JSON;   -- arms.sampling: top_p, top_k, min_p, repeat_penalty
     CREATE TABLE IF NOT EXISTS answer_distributions (
         run_id      VARCHAR NOT NULL,
         round       INTEGER NOT NULL,

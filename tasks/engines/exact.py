@@ -97,54 +97,55 @@ class Node:
         return bool(tokens) and len(self.children) > 1
 
 
-@dataclass(frozen=True)
 class AnswerTree:
-    """Every token path the grammar accepts, from the prompt to an end of generation."""
+    """Every token path the grammar accepts, from the prompt to an end of generation.
 
-    root: Node
-    max_tokens: int
+    A node's children are the tokens whose text keeps it a prefix of an allowed string, plus
+    every end-of-generation token where it is an allowed string — what llama.cpp's grammar
+    sampler allows: every tokenisation (multi-digit tokens, split digits, byte tokens alike).
+    A path of ``max_tokens`` tokens ends there (the request's length limit), as the per-agent
+    path would. Children are found when a walk reaches a node (``expand``) and kept by text:
+    the full tree of a real-valued answer has millions of paths, the walked part a few dozen.
+    """
 
-    @classmethod
-    def build(cls, language: Sequence[str], vocab: AnswerVocab, max_tokens: int) -> "AnswerTree":
-        """All tokenisations of every allowed string (multi-digit tokens and split digits alike).
-
-        A node's children are the tokens whose text keeps it a prefix of an allowed string,
-        plus every end-of-generation token where it is an allowed string — what llama.cpp's
-        grammar sampler allows. A path of ``max_tokens`` tokens ends there (the request's
-        length limit), as the per-agent path would.
-        """
-        accepted = set(language)
-        prefixes = {s[:i] for s in language for i in range(len(s) + 1)}
-        by_piece: dict[str, list[int]] = {}
+    def __init__(self, language: Sequence[str], vocab: AnswerVocab, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.eog = vocab.eog
+        self.accepted = set(language)
+        self.prefixes = {s[:i] for s in language for i in range(len(s) + 1)}
+        self.by_piece: dict[str, list[int]] = {}
         for token, piece in zip(vocab.ids, vocab.pieces):
             if piece:
-                by_piece.setdefault(piece, []).append(token)
-        by_length: dict[int, list[str]] = {}
-        for piece in by_piece:
-            by_length.setdefault(len(piece), []).append(piece)
-        root = Node((), "")
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            if len(node.path) >= max_tokens:
-                continue
-            if node.text in accepted:
-                node.children += [(e, None) for e in vocab.eog]
-            for pieces in by_length.values():
-                for piece in pieces:
-                    text = node.text + piece
-                    if text in prefixes:
-                        for token in by_piece[piece]:
-                            child = Node(node.path + (token,), text)
-                            node.children.append((token, child))
-                            stack.append(child)
-            node.children.sort(key=lambda c: c[0])
-        return cls(root, max_tokens)
+                self.by_piece.setdefault(piece, []).append(token)
+        self._children: dict[str, list[tuple[int, str | None]]] = {}
+
+    build = classmethod(lambda cls, language, vocab, max_tokens: cls(language, vocab, max_tokens))
+
+    def children_of(self, text: str) -> list[tuple[int, str | None]]:
+        """(token, the child's text, or None for an end of generation), by token id."""
+        if text not in self._children:
+            out: list[tuple[int, str | None]] = [(e, None) for e in self.eog] if text in self.accepted else []
+            for piece, tokens in self.by_piece.items():
+                if text + piece in self.prefixes:
+                    out += [(t, text + piece) for t in tokens]
+            self._children[text] = sorted(out, key=lambda c: c[0])
+        return self._children[text]
+
+    def expand(self, node: Node) -> Node:
+        if not node.children and len(node.path) < self.max_tokens:
+            node.children = [(t, None if c is None else Node(node.path + (t,), c)) for t, c in self.children_of(node.text)]
+        return node
+
+    @property
+    def root(self) -> Node:
+        """A fresh root (walks mark probabilities on their own nodes)."""
+        return self.expand(Node((), ""))
 
     def nodes(self) -> list[Node]:
+        """Every node of the whole tree (small trees only: tests)."""
         out, stack = [], [self.root]
         while stack:
-            node = stack.pop()
+            node = self.expand(stack.pop())
             out.append(node)
             stack += [c for _, c in reversed(node.children) if c is not None]
         return out
@@ -250,14 +251,14 @@ def walk(trees: Sequence[AnswerTree], chains: Sequence[Chain], evaluate: Evaluat
     them together); subtrees of probability 0 (cut by top-k, top-p, min-p or the argmax)
     are never evaluated — exact, and the reason a whole tree costs a few model calls.
     """
-    import copy
-
-    roots = [copy.deepcopy(t.root) for t in trees]
+    roots = [t.root for t in trees]
     for r in roots:
         r.prob = 1.0
     level = [(g, r) for g, r in enumerate(roots)]
     evaluated = [0] * len(trees)
     while level:
+        for g, node in level:
+            trees[g].expand(node)
         asks = [(g, n) for g, n in level if n.needs_logits]
         requests = [NodeRequest(g, n.path, np.array([t for t, _ in n.children], np.int64)) for g, n in asks]
         logits = evaluate(requests) if requests else []

@@ -31,9 +31,6 @@ class LlamaCppSpec(EngineSpec):
     n_ctx: int = Field(2048, gt=0, description="Context window in tokens (prompt + reasoning + answer).")
     n_threads: int | None = Field(None, gt=0, description="CPU threads per model; default: the actor's num_cpus (at least 1).")
     n_batch: int = Field(512, gt=0, description="Prompt tokens evaluated per llama.cpp batch.")
-    top_k: int = Field(40, ge=0, description="Top-k sampling (0 = off).")
-    min_p: float = Field(0.05, ge=0, le=1, description="Min-p sampling.")
-    repeat_penalty: float = Field(1.1, gt=0, description="Penalty on repeated tokens (1 = off); keeps small base models from looping.")
     stop: tuple[str, ...] = Field(("\n\n",), description="Stop sequences of free-text (reasoning) requests.")
     shared_context: bool = Field(True, description="Constrained answers from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed; false: one sampled completion per agent.")
 
@@ -88,7 +85,7 @@ class LlamaCppEngine:
 
     def chain(self, sampling: Sampling) -> Chain:
         """The sampling chain both paths apply (``create_completion``'s, documented in ``Chain``)."""
-        return Chain(sampling.temperature, self.spec.top_k, sampling.top_p, self.spec.min_p, self.spec.repeat_penalty)
+        return Chain(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.repeat_penalty)
 
     def _complete(self, request: Request, grammar: object | None) -> Completion:
         sampling = request.sampling
@@ -100,9 +97,9 @@ class LlamaCppEngine:
                 max_tokens=sampling.max_tokens,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                top_k=self.spec.top_k,
-                min_p=self.spec.min_p,
-                repeat_penalty=self.spec.repeat_penalty,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repeat_penalty=sampling.repeat_penalty,
                 seed=seed,
                 grammar=grammar,
                 stop=list(self.spec.stop) if grammar is None else [],

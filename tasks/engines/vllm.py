@@ -38,6 +38,7 @@ class VllmSpec(EngineSpec):
     enforce_eager: bool = Field(True, description="Skip graph capture / compilation: faster start, slower decoding. Set false on GPUs for long runs.")
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences vLLM decodes at once (vLLM's default when unset).")
     seed: int = Field(0, ge=0, description="The engine's global seed (every request also carries its agent's seed).")
+    shared_context: bool = Field(True, description="Constrained answers from the exact answer distribution of each distinct prompt (raw logits of the answer tree's nodes, llama.cpp's sampling chain), drawn per agent with its seed; false: vLLM samples one completion per agent.")
 
     @model_validator(mode="after")
     def _resources(self) -> "VllmSpec":
@@ -72,6 +73,10 @@ class VllmSpec(EngineSpec):
             "enforce_eager": self.enforce_eager,
             "seed": self.seed,
         }
+        if self.shared_context:
+            from tasks.engines.vllm_shared import LLM_KWARGS
+
+            kwargs.update(LLM_KWARGS)
         if not self.on_cuda:
             # vLLM's CPU backend cannot rewind a seeded request's generator when its prompt is
             # split across steps ("CPU Generator does not use offset"): schedule whole prompts.
@@ -100,15 +105,17 @@ class VllmEngine:
         # and per-request seeds reproduce exactly.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from tasks.engines.convert import resolve
+
+        self.path = str(resolve(spec.model))
         if llm is None:
             from vllm import LLM
 
-            from tasks.engines.convert import resolve
-
             start = time.perf_counter()
-            llm = LLM(**spec.llm_kwargs(resolve(spec.model)))
+            llm = LLM(**spec.llm_kwargs(self.path))
             self.load_s = time.perf_counter() - start
         self.llm = llm
+        self._shared: Any = None
 
     def sampling_params(self, batch: RequestBatch) -> list[Any]:
         """One ``SamplingParams`` per request: the batch's sampling, the agent's seed, the constraint."""
@@ -121,6 +128,9 @@ class VllmEngine:
             SamplingParams(
                 temperature=s.temperature,
                 top_p=s.top_p,
+                top_k=s.top_k,
+                min_p=s.min_p,
+                repetition_penalty=s.repeat_penalty,
                 max_tokens=s.max_tokens,
                 seed=seed,
                 structured_outputs=StructuredOutputsParams(regex=regex) if regex else None,
@@ -136,6 +146,15 @@ class VllmEngine:
         and no text; the rest of the batch is still answered.
         """
         n = len(batch)
+        if batch.constraint is not None and self.spec.shared_context and n:
+            from tasks.engines.exact import Chain
+            from tasks.engines.vllm_shared import VllmShared
+
+            if self._shared is None:
+                self._shared = VllmShared(self.llm, self.path)
+            s = batch.sampling
+            chain = Chain(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty)
+            return self._shared.generate(batch, chain, self.spec.max_model_len)
         text: list[str] = [""] * n
         prompt_tokens = np.zeros(n, np.int64)
         completion_tokens = np.zeros(n, np.int64)
@@ -164,7 +183,7 @@ class VllmEngine:
             if out is None:
                 continue
             completion = out.outputs[0] if out.outputs else None
-            text[i] = completion.text if completion else ""
+            text[i] = (completion.text.strip() if batch.constraint is not None else completion.text) if completion else ""
             prompt_tokens[i] = len(out.prompt_token_ids or ())
             completion_tokens[i] = len(completion.token_ids) if completion else 0
         elapsed = time.perf_counter() - start

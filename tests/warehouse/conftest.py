@@ -11,8 +11,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from core.game import GameRule, outcome
 from prompts.answers import parse_answers
-from tasks.environment import GameRule, outcome
 from warehouse.store import Warehouse
 
 EXPERIMENT = "views-0001"

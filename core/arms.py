@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from core.game import GameRule
 from core.personas import BACKSTORY
-from engines import EngineSpec
-from prompts.modes import PromptMode, get_mode
+
+if TYPE_CHECKING:  # the core imports no other package: arms only hold these
+    from engines import EngineSpec
+    from prompts.modes import PromptMode
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class Arm:
 
     @property
     def mode(self) -> PromptMode:
+        """The prompt mode: a user's own template, or a built-in mode by name."""
+        from prompts.modes import PromptMode, get_mode
+
         if self.custom is not None:
             return self.custom
         if self.prompt_mode.endswith(".j2"):  # a user's own template file

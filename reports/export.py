@@ -88,7 +88,7 @@ def save_html(page: pn.template.BaseTemplate, path: str | Path, title: str = "ke
     path = Path(path)
     doc = Document()
     with set_resource_mode("inline"):
-        page._init_doc(doc, title=title)
+        page.server_doc(doc, title=title)  # the public form of what panel.save does for a template
     # Stylesheets that Panel links to its CDN become inline copies of the files it ships;
     # freezing the document recomputes its model graph once instead of after every change.
     # One shared InlineStyleSheet per file keeps each stylesheet once in the page.

@@ -141,10 +141,6 @@ class Warehouse(WarehouseFile):
             sql = "SELECT agent_id FROM guesses WHERE run_id = ? AND round = ?"
             return frame_of(con, sql, [run_id, round_])["agent_id"].to_numpy()
 
-    def write_shard(self, guesses: pl.DataFrame, shard: dict[str, Any]) -> int:
-        """Commit one shard's guesses and its ``shards`` row (see ``write_shards``)."""
-        return self.write_shards([(guesses, shard)])
-
     def write_shards(self, shards: list[tuple[pl.DataFrame, dict[str, Any]]]) -> int:
         """Commit shards of one round — their guesses and ``shards`` rows — in one transaction.
 

@@ -30,10 +30,10 @@ from populations.sampler import sample  # noqa: E402
 from populations.spec import load_spec  # noqa: E402
 from prompts.modes import FINAL_CUE  # noqa: E402
 from prompts.render import render  # noqa: E402
-from tasks.engines import Constraint, RequestBatch, Sampling  # noqa: E402
-from tasks.environment import GameRule  # noqa: E402
-from tasks.seeds import agent_seeds  # noqa: E402
-from tasks.worker import _template_frame, game_context  # noqa: E402
+from engines import Constraint, RequestBatch, Sampling  # noqa: E402
+from core.game import GameRule  # noqa: E402
+from core.seeds import agent_seeds  # noqa: E402
+from prompts.context import agent_variables, game_context  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RULE = GameRule()
@@ -43,7 +43,7 @@ CONSTRAINT = Constraint(RULE.low, RULE.high, RULE.integer)
 def workload(n: int, template: str = "basic.j2") -> RequestBatch:
     personas = sample(load_spec("education.yaml"), n, seed=1)
     shared = {"game": game_context(RULE, n), "round": 1, "history": []}
-    prompts = render(template, shared, _template_frame(personas))
+    prompts = render(template, shared, agent_variables(personas))
     ids = personas["agent_id"].to_numpy().astype(np.int64)
     seeds = (agent_seeds(1, ids, "sample", 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
     return RequestBatch(ids, prompts, seeds, Sampling(0.7, 8), CONSTRAINT)
@@ -67,7 +67,7 @@ def row(label: str, answers: int, wall: float, cpu: float) -> float:
 
 
 def engine(shared: bool, threads: int):
-    from tasks.engines.llamacpp import LlamaCppEngine, LlamaCppSpec
+    from engines.llamacpp import LlamaCppEngine, LlamaCppSpec
 
     return LlamaCppEngine(LlamaCppSpec(n_threads=threads, shared_context=shared))
 

@@ -18,12 +18,12 @@ import pytest
 
 from prompts.answers import number_regex
 from prompts.render import render
-from tasks.engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
-from tasks.engines.exact import Chain, answer_language
-from tasks.engines.llamacpp_shared import SharedContext, answer_vocab
-from tasks.environment import GameRule
-from tasks.seeds import agent_seeds
-from tasks.worker import game_context
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
+from engines.exact import Chain, answer_language
+from engines.llamacpp_shared import SharedContext, answer_vocab
+from core.game import GameRule
+from core.seeds import agent_seeds
+from prompts.context import game_context
 
 pytestmark = pytest.mark.llm
 

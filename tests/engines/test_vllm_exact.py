@@ -14,9 +14,9 @@ import polars as pl
 import pytest
 
 from prompts.render import render
-from tasks.engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
-from tasks.environment import GameRule
-from tasks.worker import game_context
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
+from core.game import GameRule
+from prompts.context import game_context
 
 pytestmark = [
     pytest.mark.vllm,
@@ -53,8 +53,8 @@ def tvd(p: dict[str, float], q: dict[str, float]) -> float:
 
 @pytest.fixture(scope="module")
 def engines(gguf):
-    from tasks.engines.convert import prepare
-    from tasks.engines.vllm import VllmEngine, VllmSpec
+    from engines.convert import prepare
+    from engines.vllm import VllmEngine, VllmSpec
 
     vllm = VllmEngine(VllmSpec(model=str(prepare("gemma-3-270m")), max_model_len=512, kv_cache_gib=0.5))
     llama = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1}))

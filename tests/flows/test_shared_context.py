@@ -11,12 +11,13 @@ import time
 import duckdb
 import pytest
 
+from core.arms import Arm
+from core.game import GameRule
+from engines.llamacpp import LlamaCppSpec
 from flows.experiment import experiment
 from populations.sampler import sample
 from populations.spec import load_spec
-from tasks.engines.llamacpp import LlamaCppSpec
-from tasks.environment import GameRule
-from tasks.play import Arm, play_round, pool_for, shutdown_pools
+from tasks.play import play_round, pool_for, shutdown_pools
 from tests.reliability.test_worker_crash import CountingWarehouse
 
 pytestmark = pytest.mark.llm

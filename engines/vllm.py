@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from tasks.engines import CompletionBatch, EngineSpec, RequestBatch, register
+from engines import CompletionBatch, EngineSpec, RequestBatch, register
 
 
 class VllmSpec(EngineSpec):
@@ -74,7 +74,7 @@ class VllmSpec(EngineSpec):
             "seed": self.seed,
         }
         if self.shared_context:
-            from tasks.engines.vllm_shared import LLM_KWARGS
+            from engines.vllm_shared import LLM_KWARGS
 
             kwargs.update(LLM_KWARGS)
         if not self.on_cuda:
@@ -105,9 +105,9 @@ class VllmEngine:
         # and per-request seeds reproduce exactly.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from tasks.engines.convert import resolve
+        from engines.convert import vllm_model
 
-        self.path = str(resolve(spec.model))
+        self.path = str(vllm_model(spec.model))
         if llm is None:
             from vllm import LLM
 
@@ -147,8 +147,8 @@ class VllmEngine:
         """
         n = len(batch)
         if batch.constraint is not None and self.spec.shared_context and n:
-            from tasks.engines.exact import Chain
-            from tasks.engines.vllm_shared import VllmShared
+            from engines.exact import Chain
+            from engines.vllm_shared import VllmShared
 
             if self._shared is None:
                 self._shared = VllmShared(self.llm, self.path)

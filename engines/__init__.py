@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from tasks.environment import GameRule
+    from core.game import GameRule
 
 
 # --------------------------------------------------------------------------- requests
@@ -56,7 +56,7 @@ class Sampling:
 
     The knobs besides ``temperature`` and ``max_tokens`` come from the arm
     (``arms.sampling``, ``SamplingSettings``); their defaults are llama.cpp's, which keep a
-    small base model from looping. ``tasks.engines.exact.Chain`` documents the order in
+    small base model from looping. ``engines.exact.Chain`` documents the order in
     which they apply.
     """
 
@@ -145,7 +145,7 @@ class CompletionBatch:
     latency_s: np.ndarray
     attempts: np.ndarray
     error: list[str | None]
-    #: Shared-context answers (``tasks.engines.exact``): True where the prompt was evaluated
+    #: Shared-context answers (``engines.exact``): True where the prompt was evaluated
     #: once for every agent with the same prompt; None from per-agent engines.
     shared_prompt: np.ndarray | None = None
     #: Each agent's group key (its prompt's context hash) on the shared path.
@@ -224,12 +224,9 @@ def register(kind: str, spec: type[EngineSpec], build: Callable[[Any], Engine]) 
 
 
 def _load_all() -> None:
+    """Import every engine module (each registers itself); none imports its heavy library."""
     for name in _MODULES:
-        try:
-            importlib.import_module(f"tasks.engines.{name}")
-        except ModuleNotFoundError as exc:  # an engine module not written yet
-            if exc.name != f"tasks.engines.{name}":
-                raise
+        importlib.import_module(f"engines.{name}")
 
 
 def available() -> list[str]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.engines import CompletionBatch, Constraint, RequestBatch
-from tasks.engines.exact import AnswerTree, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, answer_language, walk
+from engines import CompletionBatch, Constraint, RequestBatch
+from engines.exact import AnswerTree, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, answer_language, walk
 
 #: Prompt tokens are evaluated in blocks at fixed positions (0, BLOCK, 2·BLOCK, …), whatever
 #: prefix is already cached: every decode, and so every logit, is then a function of the prompt

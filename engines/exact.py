@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from tasks.seeds import splitmix64, uniform01
+from core.seeds import splitmix64, uniform01
 
 if TYPE_CHECKING:
-    from tasks.engines import CompletionBatch, RequestBatch
+    from engines import CompletionBatch, RequestBatch
 
 #: Characters an answer can contain (numbers, one optional leading space).
 ANSWER_CHARS = frozenset(" 0123456789.")
@@ -336,7 +336,7 @@ class SharedAnswers:
 
         import polars as pl
 
-        from tasks.engines import CompletionBatch
+        from engines import CompletionBatch
 
         c = batch.constraint
         assert c is not None, "shared answers need a constraint"

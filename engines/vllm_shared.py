@@ -2,7 +2,7 @@
 
 Each node asks vLLM for one step with ``logprob_token_ids`` = its allowed children; the engine
 runs with ``logprobs_mode="raw_logits"``, so those are the model's raw logits and the same numpy
-chain as on llama.cpp (``tasks.engines.exact.Chain``) turns them into probabilities. All groups'
+chain as on llama.cpp (``engines.exact.Chain``) turns them into probabilities. All groups'
 nodes of a level go in one call; automatic prefix caching evaluates each shared prefix once.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.engines import CompletionBatch, Constraint, RequestBatch
-from tasks.engines.exact import AnswerTree, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, answer_language, walk
+from engines import CompletionBatch, Constraint, RequestBatch
+from engines.exact import AnswerTree, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, answer_language, walk
 
 #: vLLM's cap on ``logprob_token_ids`` per request (``vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS``).
 MAX_IDS = 128

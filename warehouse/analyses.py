@@ -39,7 +39,7 @@ _PAIRED_COLUMNS = ["run_a", "run_b", "round", "factor", "level_a", "level_b", "n
                    "wilcoxon_p", "note", "method"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Pair:
     """Two arms of one experiment that differ in exactly one factor (a is the lower arm)."""
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tasks.environment import GameRule
+from core.game import GameRule
 from warehouse.depth import RESAMPLES, Hierarchy, fit_tau, paired_test, seed_for
 from warehouse.store import Warehouse
 

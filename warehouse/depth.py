@@ -14,10 +14,9 @@ from functools import cached_property
 import numpy as np
 from scipy import optimize, stats
 
-# The model the fit inverts is the one the simulated `cognitive_hierarchy` rule plays:
-# one implementation of the population mean, not two.
-from tasks.engines.simulated import cognitive_hierarchy_choices, poisson_levels_upto
-from tasks.environment import GameRule
+# The model the fit inverts is the one the simulated `cognitive_hierarchy` rule plays.
+from core.hierarchy import TAIL, cognitive_hierarchy_choices, poisson_levels_upto
+from core.game import GameRule
 
 #: The largest τ searched. Beyond it a population is at the equilibrium for every practical
 #: purpose (for 2/3 of the average its mean is below 0.1).
@@ -30,8 +29,6 @@ CONFIDENCE = 0.95
 TAU_XTOL = 1e-5
 #: Points of the grid that brackets each root (see ``Hierarchy._grid``).
 _GRID_POINTS = 161
-#: Poisson levels beyond this tail mass are left out (as the simulated engine does).
-_TAIL = 1e-15
 #: Real answers with more distinct values than this are binned for the bootstrap (see
 #: ``bootstrap_means``).
 BOOTSTRAP_BINS = 256
@@ -78,14 +75,14 @@ class Hierarchy:
         self.rule = rule
 
     def mean(self, tau: float) -> float:
-        """The population mean Σ_k f_k x_k of CH(τ) (the engine's ``cognitive_hierarchy_mean``).
+        """The population mean Σ_k f_k x_k of CH(τ), as ``core.hierarchy.cognitive_hierarchy_mean``.
 
-        Levels are followed up to where the Poisson tail is below 1e-15, found in one call
-        (the engine's own search adds one level at a time: fine once per run, slow here).
+        Levels are followed up to where the Poisson tail is below ``TAIL``, found in one call
+        (``poisson_levels`` adds one level at a time: fine once per run, slow in a root search).
         """
         if tau <= 0:
             return (self.rule.low + self.rule.high) / 2
-        levels = int(stats.poisson.isf(_TAIL, tau)) + 1
+        levels = int(stats.poisson.isf(TAIL, tau)) + 1
         x = cognitive_hierarchy_choices(self.rule, tau, levels)
         return float(np.dot(poisson_levels_upto(tau, levels), x))
 

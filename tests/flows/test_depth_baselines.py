@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 from flows.experiment import experiment
-from tasks.engines.simulated import cognitive_hierarchy_choices
-from tasks.environment import GameRule
+from core.hierarchy import cognitive_hierarchy_choices
+from core.game import GameRule
 from tests.warehouse.test_depth import class_by_hand
 from warehouse.analyses import refresh
 from warehouse.store import Warehouse

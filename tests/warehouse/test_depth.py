@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from tasks.environment import GameRule
+from core.game import GameRule
 from tests.warehouse.conftest import ARMS, EXPERIMENT, N, ROUNDS
 from warehouse.analyses import PAIRED_METHOD, TAU_METHOD, refresh
 from warehouse.depth import TAU_MAX, Hierarchy, bootstrap_means, fit_tau, paired_test

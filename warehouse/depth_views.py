@@ -118,4 +118,31 @@ def persona_views(arm_sql: str) -> dict[str, tuple[str, str]]:
                       FROM d JOIN persona_attributes p ON p.experiment_id = d.experiment_id AND p.agent_id = d.agent_id
                       GROUP BY ALL)""",
         ),
+        "reasoning_texts": (
+            "Every guess that came with a reasoning text (chain-of-thought arms), with the agent's persona in words "
+            "(its attribute values) and whether it won the round.",
+            f"""SELECT a.experiment_id, g.run_id, a.arm, a.model, a.prompt_mode, g.round, g.agent_id, g.guess, g.valid,
+                       g.reasoning, g.raw, p.persona, w.agent_id IS NOT NULL AS winner
+                FROM guesses g JOIN ({arm_sql}) a USING (run_id)
+                     LEFT JOIN (SELECT experiment_id, agent_id,
+                                       string_agg(attribute || ': ' || value, ', ' ORDER BY attribute) AS persona
+                                FROM persona_attributes GROUP BY ALL) p
+                       ON p.experiment_id = a.experiment_id AND p.agent_id = g.agent_id
+                     LEFT JOIN winners w ON w.run_id = g.run_id AND w.round = g.round AND w.agent_id = g.agent_id
+                WHERE g.reasoning IS NOT NULL""",
+        ),
+        "reasoning_highlights": (
+            "Per arm and round with reasoning texts: the lowest, median and highest valid guess and up to three "
+            f"winners (lowest agent ids), each with its reasoning and persona (from reasoning_texts).",
+            """WITH t AS (SELECT *, row_number() OVER (PARTITION BY run_id, round ORDER BY guess, agent_id) AS position,
+                                count(*) OVER (PARTITION BY run_id, round) AS n_valid
+                         FROM reasoning_texts WHERE valid)
+               SELECT * EXCLUDE (position, n_valid) FROM (
+                   SELECT CASE WHEN position = 1 THEN 'lowest' WHEN position = n_valid THEN 'highest'
+                               ELSE 'median' END AS pick, *
+                   FROM t WHERE position IN (1, (n_valid + 1) // 2, n_valid)
+                   UNION ALL
+                   SELECT 'winner' AS pick, * FROM t
+                   WHERE winner QUALIFY row_number() OVER (PARTITION BY run_id, round ORDER BY agent_id) <= 3)""",
+        ),
     }

@@ -257,7 +257,7 @@ def personas(
 @app.command()
 def report(
     db: Annotated[Path, typer.Option("--db", help="The DuckDB warehouse.")] = Path("keynes.duckdb"),
-    experiment: Annotated[Optional[str], typer.Option("--experiment", help="An experiment name (its newest run) or id; default: every experiment.")] = None,
+    experiment: Annotated[Optional[list[str]], typer.Option("--experiment", help="An experiment name (its newest run) or id; repeat it for one page comparing several; default: every experiment.")] = None,
     out_: Annotated[Path, typer.Option("--out", help="The HTML file (one per experiment: <stem>-<experiment id>.html when there are several).")] = Path("report.html"),
     serve: Annotated[bool, typer.Option("--serve", help="Serve live pages on 127.0.0.1 instead of writing a file.")] = False,
     port: Annotated[int, typer.Option("--port", help="The port of --serve.")] = 5006,
@@ -265,6 +265,7 @@ def report(
     """Build the report page of an experiment: one offline HTML file, or live pages.
 
     Example: keynes report --db keynes.duckdb --experiment quickstart --out report.html
+    Compare: keynes report --experiment last-week --experiment today --out compare.html
     """
     from reports.data import ExperimentNotFound
     from warehouse.store import WarehouseError

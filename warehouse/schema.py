@@ -149,6 +149,48 @@ MIGRATIONS: list[str] = [
         agent_id   BIGINT NOT NULL
     );
     """,
+    # 3 -> 4: reasoning-depth analyses that need scipy, so keynes computes them in Python
+    # (warehouse.analyses) and stores them here; the views cognitive_hierarchy_fit and
+    # paired_comparisons show them. attribute/value NULL: the whole arm.
+    """
+    CREATE TABLE IF NOT EXISTS tau_fits (
+        run_id      VARCHAR NOT NULL,
+        round       INTEGER NOT NULL,
+        attribute   VARCHAR,
+        value       VARCHAR,
+        n           BIGINT NOT NULL,
+        mean        DOUBLE,
+        tau         DOUBLE,
+        tau_low     DOUBLE,
+        tau_high    DOUBLE,
+        fit         VARCHAR NOT NULL,
+        ch_mean_min DOUBLE NOT NULL,
+        ch_mean_max DOUBLE NOT NULL,
+        method      VARCHAR NOT NULL,
+        computed_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE TABLE IF NOT EXISTS paired_tests (
+        run_a              VARCHAR NOT NULL,
+        run_b              VARCHAR NOT NULL,
+        round              INTEGER NOT NULL,
+        factor             VARCHAR NOT NULL,
+        level_a            VARCHAR NOT NULL,
+        level_b            VARCHAR NOT NULL,
+        n_pairs            BIGINT NOT NULL,
+        mean_a             DOUBLE,
+        mean_b             DOUBLE,
+        mean_difference    DOUBLE,
+        ci95_low           DOUBLE,
+        ci95_high          DOUBLE,
+        median_difference  DOUBLE,
+        wilcoxon_statistic DOUBLE,
+        wilcoxon_p         DOUBLE,
+        note               VARCHAR,
+        method             VARCHAR NOT NULL,
+        computed_at        TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_a, run_b, round)
+    );
+    """,
 ]
 
 

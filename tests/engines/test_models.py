@@ -57,7 +57,7 @@ def test_a_gguf_path_is_used_as_is(tmp_path):
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("gemma-9000", "unknown model 'gemma-9000'; available: gemma-3-270m, or a path to a .gguf file"),
+        ("gemma-9000", "unknown model 'gemma-9000'; available: gemma-3-270m, smollm2-135m-instruct, or a path to a .gguf file"),
         ("/nowhere/model.gguf", "model file '/nowhere/model.gguf' does not exist"),
     ],
 )

@@ -8,45 +8,21 @@ Monitoring never fails a run: an artifact the API refuses is logged and skipped.
 
 from __future__ import annotations
 
-import logging
-import re
 import time
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from uuid import UUID
 
-from prefect.artifacts import (
-    create_link_artifact,
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 
+from core.arms import Arm
+from core.game import RoundOutcome
 from tasks import progress
-from tasks.environment import RoundOutcome
-from tasks.worker import Arm
+from tasks.artifacts import artifact_key, safely
 from warehouse.store import Warehouse
-
-log = logging.getLogger(__name__)
 
 #: Least seconds between two updates of one progress artifact (a million agents commit thousands of shards).
 PROGRESS_INTERVAL_S = 1.0
-
-
-def artifact_key(*parts: object) -> str:
-    """An artifact key from parts: lowercase letters, digits and dashes only (Prefect's rule)."""
-    text = "-".join(str(p) for p in parts).lower()
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", text)).strip("-")
-
-
-def _safely(what: str, make: Callable[[], Any]) -> Any:
-    try:
-        return make()
-    except Exception as exc:  # the API being away must not stop 10,000 agents from playing
-        log.warning("could not %s: %s", what, exc)
-        return None
 
 
 # ------------------------------------------------------------------------------ progress
@@ -70,7 +46,7 @@ class _ArtifactBar:
         self.label, self.total, self.done = label, total, completed
         self.min_interval_s = min_interval_s
         self.last = time.monotonic()
-        self.artifact_id: UUID | None = _safely(
+        self.artifact_id: UUID | None = safely(
             "create a progress artifact",
             lambda: create_progress_artifact(
                 progress=self.percent, key=artifact_key("progress", label), description=self.description
@@ -96,7 +72,7 @@ class _ArtifactBar:
     def _send(self) -> None:
         self.last = time.monotonic()
         if self.artifact_id is not None:
-            _safely(
+            safely(
                 "update a progress artifact",
                 lambda: update_progress_artifact(self.artifact_id, progress=self.percent, description=self.description),
             )
@@ -126,7 +102,7 @@ class _FanoutBar:
 
 
 # ------------------------------------------------------------------------------ rounds
-def round_markdown(arm: Arm, round_: int, result: RoundOutcome, seconds: float, max_winners: int = 10) -> str:
+def outcome_markdown(arm: Arm, round_: int, result: RoundOutcome, seconds: float, max_winners: int = 10) -> str:
     """A round's outcome as markdown: mean, target, winners, invalid rate."""
     rule = arm.rule
 
@@ -157,10 +133,10 @@ def round_markdown(arm: Arm, round_: int, result: RoundOutcome, seconds: float, 
 
 def publish_round(arm: Arm, round_: int, result: RoundOutcome, seconds: float) -> None:
     """A markdown artifact with a round's outcome (one key per arm and round)."""
-    _safely(
+    safely(
         "create the round artifact",
         lambda: create_markdown_artifact(
-            markdown=round_markdown(arm, round_, result, seconds),
+            markdown=outcome_markdown(arm, round_, result, seconds),
             key=artifact_key(arm.run_id, "round", round_),
             description=f"{arm.run_id} round {round_}: outcome",
         ),
@@ -168,22 +144,13 @@ def publish_round(arm: Arm, round_: int, result: RoundOutcome, seconds: float) -
 
 
 # ------------------------------------------------------------------------------ workers
-WORKERS_SQL = """
-    SELECT s.node, s.worker, r.model AS engine, count(*) AS shards, sum(s.n) AS agents,
-           sum(s.seconds) AS busy_s, sum(s.n) / nullif(sum(s.seconds), 0) AS agents_per_s
-    FROM shards s JOIN runs r USING (run_id)
-    WHERE r.experiment_id = ? AND s.committed_at >= ?
-    GROUP BY ALL ORDER BY s.node, s.worker
-"""
-
-
 def worker_rows(warehouse: Warehouse, experiment_id: str, since: datetime, node_names: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The Ray workers that played shards of an experiment since ``since``.
 
     Each row: node (address and short id), worker (host:pid), engine, shards done,
     agents, agents/s while busy.
     """
-    frame = warehouse.query(WORKERS_SQL, [experiment_id, since])
+    frame = warehouse.worker_summary(experiment_id, since)
     names = node_names or {}
     return [
         {
@@ -212,9 +179,9 @@ def ray_node_names() -> dict[str, str]:
 
 def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime) -> list[dict[str, Any]]:
     """A table artifact of the Ray workers in use (a new version after each round)."""
-    rows = _safely("read the shards table", lambda: worker_rows(warehouse, experiment_id, since, ray_node_names())) or []
+    rows = safely("read the shards table", lambda: worker_rows(warehouse, experiment_id, since, ray_node_names())) or []
     if rows:
-        _safely(
+        safely(
             "create the workers artifact",
             lambda: create_table_artifact(
                 table=rows, key=artifact_key("workers", experiment_id),
@@ -228,20 +195,9 @@ def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime) -
 def publish_dashboard(url: str) -> str:
     """A link artifact to the Ray dashboard; returns the full URL."""
     link = url if "://" in url else f"http://{url}"
-    _safely(
+    safely(
         "create the dashboard link",
         lambda: create_link_artifact(link=link, link_text="Ray dashboard", key="ray-dashboard",
                                      description="Live view of the Ray cluster: nodes, actors, logs"),
-    )
-    return link
-
-
-def publish_report(path: str | Path, experiment_id: str) -> str:
-    """A link artifact to a report file (a ``file://`` URL: open it on the machine that ran the flow)."""
-    link = Path(path).resolve().as_uri()
-    _safely(
-        "create the report link",
-        lambda: create_link_artifact(link=link, link_text=Path(path).name, key=artifact_key("report", experiment_id),
-                                     description=f"{experiment_id}: report page"),
     )
     return link

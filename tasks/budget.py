@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import polars as pl
 
+from core.arms import Arm
+from prompts.context import agent_variables, game_context, groups_context, population_context
 from prompts.render import render
-from tasks.worker import Arm, _template_frame, game_context, groups_context, population_context
 
 #: Distinct prompts counted per arm: the longest by characters (a million personas may
 #: render a million distinct prompts; tokens grow with characters).
@@ -34,7 +35,7 @@ def longest_prompts(arm: Arm, personas: pl.DataFrame) -> list[str]:
         agents = agents.with_columns(own_guesses=pl.lit([float(rule.high)] * (last - 1), dtype=pl.List(pl.Float64)))
     if "group" in personas.columns:
         shared["groups"] = groups_context(personas, {g: history for g in personas["group"].unique().to_list()})
-    distinct = set(render(arm.mode.template, shared, _template_frame(agents)))
+    distinct = set(render(arm.mode.template, shared, agent_variables(agents)))
     return sorted(distinct, key=len, reverse=True)[:LONGEST]
 
 

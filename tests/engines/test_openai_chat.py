@@ -15,9 +15,11 @@ import pytest
 from prompts.answers import number_regex
 from prompts.chat import split_cues
 from prompts.render import render
-from tasks.engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
-from tasks.environment import GameRule
-from tasks.worker import Arm, ShardJob, ShardPlayer, game_context
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
+from core.game import GameRule
+from core.arms import Arm
+from prompts.context import game_context
+from tasks.actor import ShardJob, ShardPlayer
 from tests.engines.conftest import LlamaServer, free_port
 
 pytestmark = pytest.mark.llm
@@ -27,9 +29,9 @@ EDUCATION = ["Elementary School", "High School", "Bachelor's Degree", "Master's 
 
 @pytest.fixture(scope="module")
 def smol_path():
-    from tasks.engines.models import resolve
+    from engines.models import gguf_path
 
-    return resolve("smollm2-135m-instruct")
+    return gguf_path("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,12 @@ from prompts.answers import number_regex
 from prompts.chat import split_cue
 from prompts.modes import FINAL_CUE
 from prompts.render import render
-from tasks.engines import build_engine, parse_spec
-from tasks.engines.models import MODELS, ModelError, resolve, sha256_file
-from tasks.environment import GameRule
-from tasks.worker import Arm, ShardJob, ShardPlayer, game_context
+from engines import build_engine, parse_spec
+from engines.models import MODELS, ModelError, gguf_path, sha256_file
+from core.game import GameRule
+from core.arms import Arm
+from prompts.context import game_context
+from tasks.actor import ShardJob, ShardPlayer
 
 pytestmark = pytest.mark.llm
 
@@ -63,7 +65,7 @@ def prompts(template: str) -> list[str]:
 # ----------------------------------------------------------------------------- the registry
 def test_smollm2_is_linked_from_its_package_verified_and_llm_is_not_installed(tmp_path, monkeypatch):
     monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
-    path = resolve(SMOL)
+    path = gguf_path(SMOL)
     assert path == tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert path.stat().st_size == MODELS[SMOL].size_bytes
     assert sha256_file(path) == MODELS[SMOL].sha256

@@ -24,7 +24,7 @@ SMOL = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def engine():
-    from tasks.engines import build_engine, parse_spec
+    from engines import build_engine, parse_spec
 
     engine = build_engine(parse_spec({"kind": "vllm", "model": SMOL, "max_model_len": 1024, "kv_cache_gib": 0.5}))
     yield engine
@@ -33,8 +33,8 @@ def engine():
 
 def rendered(template: str, n: int = 4) -> list[str]:
     from prompts.render import render
-    from tasks.environment import GameRule
-    from tasks.worker import game_context
+    from core.game import GameRule
+    from prompts.context import game_context
 
     education = ["Elementary School", "High School", "Master's Degree", "Ph.D."]
     shared = {"game": game_context(GameRule(), 30), "round": 1, "history": []}
@@ -42,9 +42,9 @@ def rendered(template: str, n: int = 4) -> list[str]:
 
 
 def test_the_prepared_folder_keeps_the_ggufs_chat_template(engine):
-    from tasks.engines.convert import prepared_path
-    from tasks.engines.models import MODELS
-    from tasks.engines.vllm import folder_chat_template
+    from engines.convert import prepared_path
+    from engines.models import MODELS
+    from engines.vllm import folder_chat_template
 
     assert engine.prompt_format == "chat"
     assert engine.chat_template.sha256 == MODELS[SMOL].chat_template_sha256
@@ -67,7 +67,7 @@ def test_constrained_answers_and_chain_of_thought_in_chat(engine):
     from prompts.answers import number_regex
     from prompts.chat import split_cues
     from prompts.modes import FINAL_CUE
-    from tasks.engines import Constraint, RequestBatch, Sampling
+    from engines import Constraint, RequestBatch, Sampling
 
     users, cues = split_cues(rendered("cot.j2"))
     ids = np.arange(len(users), dtype=np.int64)

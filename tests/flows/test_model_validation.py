@@ -65,9 +65,9 @@ def test_chat_for_a_gguf_without_a_chat_template(tmp_path, prefect_api):
 
 
 def test_a_gguf_path_is_read_for_its_template(tmp_path, prefect_api):
-    from tasks.engines.models import resolve
+    from engines.models import gguf_path
 
-    code, lines, db = run(tmp_path, {"kind": "llamacpp", "model": str(resolve("gemma-3-270m")), "prompt_format": "chat"})
+    code, lines, db = run(tmp_path, {"kind": "llamacpp", "model": str(gguf_path("gemma-3-270m")), "prompt_format": "chat"})
     assert code == 2 and lines[1].startswith("error: arms.engines.0: prompt_format: chat, but model '/")
     assert guesses(db) == 0
 
@@ -87,7 +87,7 @@ def test_a_prompt_longer_than_the_context(tmp_path, prefect_api, local_ray):
 
 
 def test_each_run_stores_its_prompt_format_and_template_digest(tmp_path, prefect_api, local_ray):
-    from tasks.engines.models import MODELS
+    from engines.models import MODELS
 
     mixture = {"kind": "mixture", "components": [
         {"fraction": 0.5, "engine": {"kind": "llamacpp"}},

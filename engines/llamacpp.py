@@ -1,7 +1,7 @@
 """The llama.cpp engine: a GGUF model on CPU through llama-cpp-python, the laptop default.
 
 The default model is Gemma 3 270M, assembled from its PyPI package on first use (see
-``tasks.engines.models``). Answers are constrained by a GBNF grammar to a number in the
+``engines.models``). Answers are constrained by a GBNF grammar to a number in the
 game's range; requests run in prompt order so the KV cache reuses shared prefixes. In chat
 format the prompt is wrapped in the chat template of the GGUF's metadata.
 """
@@ -14,10 +14,10 @@ from typing import Any, Literal, Sequence
 
 from pydantic import Field, field_validator
 
+from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
+from engines.models import DEFAULT_MODEL, MODELS, gguf_path, is_path, prompt_format, unknown_model
 from prompts.answers import number_gbnf
 from prompts.chat import ChatTemplate, PromptFormat
-from tasks.engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
-from tasks.engines.models import DEFAULT_MODEL, MODELS, is_path, prompt_format, resolve, unknown_model
 
 #: llama.cpp reads this seed as "pick one at random": never pass it.
 _RANDOM_SEED = 0xFFFFFFFF
@@ -58,7 +58,7 @@ class LlamaCppSpec(EngineSpec):
         if self.model in MODELS:
             digest = MODELS[self.model].chat_template_sha256
         else:
-            template = read_chat_template(resolve(self.model))
+            template = read_chat_template(gguf_path(self.model))
             digest = template.sha256 if template else None
         fmt = prompt_format(self.model, self.prompt_format, digest is not None)
         return {"format": fmt, "chat_template_sha256": digest if fmt == "chat" else None}
@@ -69,7 +69,7 @@ class LlamaCppSpec(EngineSpec):
 
         from prompts.chat import split_cues
 
-        llm = Llama(model_path=str(resolve(self.model)), vocab_only=True, verbose=False)
+        llm = Llama(model_path=str(gguf_path(self.model)), vocab_only=True, verbose=False)
         try:
             template = chat_template(llm)
             if prompt_format(self.model, self.prompt_format, template is not None) == "chat":
@@ -120,7 +120,7 @@ class LlamaCppEngine:
 
         self.spec = spec
         self.model = spec.model_name
-        self.path = resolve(spec.model)
+        self.path = gguf_path(spec.model)
         threads = spec.n_threads or max(1, int(spec.num_cpus))
         self.llm = Llama(
             model_path=str(self.path),

@@ -19,9 +19,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from engines import CompletionBatch, EngineSpec, RequestBatch, register
+from engines.models import prompt_format
 from prompts.chat import ChatTemplate, PromptFormat
-from tasks.engines import CompletionBatch, EngineSpec, RequestBatch, register
-from tasks.engines.models import prompt_format
 
 
 class VllmSpec(EngineSpec):
@@ -77,7 +77,7 @@ class VllmSpec(EngineSpec):
         """The prompt format and chat template digest (see ``EngineSpec.prompting``): a bundled
         model's are known, a local folder's tokenizer config is read; for a hub id the
         tokenizer decides when it loads (format: auto unless declared)."""
-        from tasks.engines.models import MODELS
+        from engines.models import MODELS
 
         if self.model in MODELS:
             digest = MODELS[self.model].chat_template_sha256
@@ -131,10 +131,10 @@ class VllmEngine:
         if llm is None:
             from vllm import LLM
 
-            from tasks.engines.convert import resolve
+            from engines.convert import vllm_model
 
             start = time.perf_counter()
-            llm = LLM(**spec.llm_kwargs(resolve(spec.model)))
+            llm = LLM(**spec.llm_kwargs(vllm_model(spec.model)))
             self.load_s = time.perf_counter() - start
         self.llm = llm
         self.chat_template = tokenizer_chat_template(llm.get_tokenizer())

@@ -105,7 +105,6 @@ def test_an_unknown_model_is_named():
         build_engine(parse_spec({"kind": "llamacpp", "model": "/nowhere/gemma-7b.gguf"}))
 
 
-
 def test_real_gemma_agents_play_basic_and_chain_of_thought(prefect_api, local_ray, db):
     from flows.experiment import experiment
 

@@ -127,18 +127,35 @@ def test_the_tokens_are_those_of_llama_cpps_chat_completion(smol):
 
 
 # ----------------------------------------------------------------------------- playing
-@pytest.mark.parametrize(
-    "spec",
-    [{"kind": "llamacpp"}, {"kind": "llamacpp", "model": SMOL, "prompt_format": "completion"}, {"kind": "llamacpp", "model": SMOL}],
-    ids=["gemma-completion", "smollm2-completion", "smollm2-chat"],
-)
-@pytest.mark.parametrize("mode", ["basic", "cot"])
-def test_both_models_answer_valid_numbers_in_each_format(spec, mode):
-    player = ShardPlayer(parse_spec(spec))
-    try:
-        guesses = player.play(shard(mode, spec)).guesses
-    finally:
+SPECS = {
+    "gemma-completion": {"kind": "llamacpp"},
+    "smollm2-completion": {"kind": "llamacpp", "model": SMOL, "prompt_format": "completion"},
+    "smollm2-chat": {"kind": "llamacpp", "model": SMOL},
+}
+
+
+@pytest.fixture(scope="module")
+def players():
+    """One real worker per (model, format), loaded once for the module."""
+    made: dict[str, ShardPlayer] = {}
+
+    def get(name: str) -> ShardPlayer:
+        if name not in made:
+            made[name] = ShardPlayer(parse_spec(SPECS[name]))
+        return made[name]
+
+    yield get
+    for player in made.values():
         player.close()
+
+
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("mode", ["basic", "cot"])
+def test_both_models_answer_valid_numbers_in_each_format(players, name, mode):
+    spec = SPECS[name]
+    player = players(name)
+    assert player.engine.prompt_format == name.split("-")[1]
+    guesses = player.play(shard(mode, spec)).guesses
     assert guesses["valid"].all(), guesses.select("raw", "error").rows()
     assert all(re.fullmatch(number_regex(0, 100), t) for t in guesses["raw"])
     assert guesses["model"].unique().to_list() == [spec.get("model", "gemma-3-270m")]
@@ -149,15 +166,11 @@ def test_both_models_answer_valid_numbers_in_each_format(spec, mode):
         assert guesses["reasoning"].null_count() == N
 
 
-def test_chain_of_thought_in_chat_continues_one_assistant_turn(smol):
+def test_chain_of_thought_in_chat_continues_one_assistant_turn(smol, players):
     # The stored prompt tokens are those of both phases: the conversation opened with the cue,
     # then the same assistant turn continued by the reasoning and the final cue. Counted
     # independently with llama.cpp's formatter of the GGUF's template.
-    player = ShardPlayer(parse_spec({"kind": "llamacpp", "model": SMOL}))
-    try:
-        guesses = player.play(shard("cot", {"kind": "llamacpp", "model": SMOL})).guesses
-    finally:
-        player.close()
+    guesses = players("smollm2-chat").play(shard("cot", SPECS["smollm2-chat"])).guesses
     fmt = formatter(smol)
     for (user, cue), reasoning, tokens in zip(map(split_cue, prompts("cot.j2")), guesses["reasoning"], guesses["prompt_tokens"]):
         head = fmt(messages=[{"role": "user", "content": user}]).prompt + cue

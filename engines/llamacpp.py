@@ -65,11 +65,9 @@ class LlamaCppSpec(EngineSpec):
 
     def check_context(self, prompts: Sequence[str], reserve: int, mode: str) -> None:
         """Count the prompts' tokens as the engine will send them (its vocabulary only is loaded)."""
-        from llama_cpp import Llama
-
         from prompts.chat import split_cues
 
-        llm = Llama(model_path=str(gguf_path(self.model)), vocab_only=True, verbose=False)
+        llm: Any = vocabulary(gguf_path(self.model))
         try:
             template = chat_template(llm)
             if prompt_format(self.model, self.prompt_format, template is not None) == "chat":
@@ -99,15 +97,26 @@ def chat_template(llm: object) -> ChatTemplate | None:
     return ChatTemplate(source, bos_token=text(llm.token_bos()), eos_token=text(llm.token_eos()))  # type: ignore[attr-defined]
 
 
+def vocabulary(path: Path) -> object:
+    """A GGUF's vocabulary and metadata, without its weights (for checks before a run).
+
+    llama.cpp warns on stderr that a vocabulary-only model has no training context even
+    when not verbose: silenced the way llama-cpp-python silences its own loading.
+    """
+    from llama_cpp import Llama
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    with suppress_stdout_stderr(disable=False):
+        return Llama(model_path=str(path), vocab_only=True, verbose=False)
+
+
 def read_chat_template(path: Path) -> ChatTemplate | None:
     """The chat template of a GGUF file, read without loading its weights."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+    llm = vocabulary(path)
     try:
         return chat_template(llm)
     finally:
-        llm.close()
+        llm.close()  # type: ignore[attr-defined]
 
 
 class LlamaCppEngine:

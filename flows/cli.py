@@ -75,7 +75,12 @@ def run(
         Warehouse(cfg.db).check_writable()
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
-    from flows.experiment import experiment
+    from flows.experiment import check_prompting, experiment
+
+    try:  # a model that cannot be prompted as configured (chat without a template) starts nothing
+        check_prompting(cfg, cfg.arms_list())
+    except ConfigError as exc:
+        fail(str(exc))
     from tasks import progress as progress_hooks
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("agents"), TimeElapsedColumn(), TimeRemainingColumn()]

@@ -77,13 +77,14 @@ def test_a_gguf_path_is_read_for_its_template(tmp_path):
 
 def test_a_prompt_longer_than_the_context(tmp_path, prefect_api, local_ray):
     code, lines, db = run(tmp_path, {"kind": "llamacpp", "model": "smollm2-135m-instruct", "n_ctx": 160}, ["cot"])
-    assert code == 2 and len(lines) == 2, lines
+    # Found once the personas are sampled, before any agent plays: the run's header, then the error.
+    assert code == 2 and lines[0].startswith("model-checks (") and sum(line.startswith("error:") for line in lines) == 1
     match = re.fullmatch(
         r"error: arms\.engines\.0\.n_ctx: 160 tokens cannot hold the longest prompt of mode 'cot' \((\d+) tokens, "
         r"last round\) plus (\d+) for reasoning and answer; raise n_ctx to at least (\d+)",
-        lines[1],
+        lines[-1],
     )
-    assert match, lines[1]
+    assert match, lines[-1]
     prompt, reserve, needed = map(int, match.groups())
     assert reserve == 8 + 16 + 16 and needed == prompt + reserve > 160  # answer, reasoning, final cue
     assert guesses(db) == 0

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
 from prompts.answers import number_gbnf
+from prompts.chat import PromptFormat
 
 #: Status codes worth retrying: rate limits and server-side failures.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -33,7 +34,11 @@ class OpenAISpec(EngineSpec):
     base_url: str = Field(description="The server's API root, e.g. http://127.0.0.1:8000/v1.")
     model: str = Field(description="The model name the server expects (stored with every guess).")
     api_key_env: str | None = Field("OPENAI_API_KEY", description="Name of the environment variable that holds the API key (the key itself is never stored); unset or empty = no key.")
-    endpoint: Literal["completions", "chat"] = Field("completions", description="/completions (prompt continuation, for base models) or /chat/completions (one user message).")
+    prompt_format: PromptFormat = Field(
+        "completion",
+        description="completion: /completions, the prompt as text to continue (base models); chat: /chat/completions, the "
+        "prompt as the user's message and its cue as the assistant's opening, in the server's chat template (instruct models).",
+    )
     constraint_fields: tuple[Literal["grammar", "structured_outputs", "guided_regex"], ...] = Field(
         ("grammar", "structured_outputs"),
         description="How the answer constraint is sent: grammar = GBNF (llama.cpp servers), structured_outputs = {regex} (vLLM), guided_regex (older vLLM). Hosted APIs that reject unknown fields: [].",
@@ -51,6 +56,10 @@ class OpenAISpec(EngineSpec):
     def model_name(self) -> str:
         return self.model
 
+    def prompting(self) -> dict[str, Any]:
+        """The configured format; the chat template is the server's (not visible to keynes)."""
+        return {"format": self.prompt_format, "chat_template_sha256": None, "chat_template": "server" if self.prompt_format == "chat" else None}
+
 
 class OpenAIEngine:
     """Sends each request to the server, concurrently, with retries and validation."""
@@ -60,6 +69,7 @@ class OpenAIEngine:
     def __init__(self, spec: OpenAISpec):
         self.spec = spec
         self.model = spec.model_name
+        self.prompt_format = spec.prompt_format
         key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         # One event loop per engine, on its own thread: generate() is called from plain
@@ -106,7 +116,7 @@ class OpenAIEngine:
             usage = response.get("usage") or {}
             prompt_tokens += int(usage.get("prompt_tokens") or 0)
             completion_tokens += int(usage.get("completion_tokens") or 0)
-            text = _text(response, self.spec.endpoint)
+            text = _text(response, self.spec.prompt_format)
             if pattern is None:
                 break
             text = text.strip()
@@ -127,8 +137,12 @@ class OpenAIEngine:
             "top_p": s.top_p,
             "seed": (request.seed + sample) & 0x7FFFFFFF,
         }
-        if self.spec.endpoint == "chat":
+        if self.spec.prompt_format == "chat":
             body["messages"] = [{"role": "user", "content": request.prompt}]
+            if request.opening:
+                # The assistant's opening as its last message: servers that continue a final
+                # assistant message (prefill) continue it; others answer in a new turn after it.
+                body["messages"].append({"role": "assistant", "content": request.opening})
         else:
             body["prompt"] = request.prompt
         if request.constraint is None:
@@ -140,7 +154,7 @@ class OpenAIEngine:
 
     async def _post(self, body: dict[str, Any], seed: int) -> tuple[dict[str, Any] | None, int, str | None]:
         """POST with retries. Returns (response JSON or None, attempts, last error)."""
-        path = "chat/completions" if self.spec.endpoint == "chat" else "completions"
+        path = "chat/completions" if self.spec.prompt_format == "chat" else "completions"
         jitter = random.Random(seed)
         error: str | None = None
         for attempt in range(1, self.spec.max_attempts + 1):
@@ -186,9 +200,9 @@ def _constraint_fields(constraint: Constraint, fields: tuple[str, ...]) -> dict[
     return out
 
 
-def _text(response: dict[str, Any], endpoint: str) -> str:
+def _text(response: dict[str, Any], prompt_format: str) -> str:
     choice = (response.get("choices") or [{}])[0]
-    if endpoint == "chat":
+    if prompt_format == "chat":
         return (choice.get("message") or {}).get("content") or ""
     return choice.get("text") or ""
 

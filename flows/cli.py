@@ -75,7 +75,12 @@ def run(
         Warehouse(cfg.db).check_writable()
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
-    from flows.experiment import experiment
+    from flows.experiment import check_prompting, experiment
+
+    try:  # a model that cannot be prompted as configured (chat without a template) starts nothing
+        check_prompting(cfg, cfg.arms_list())
+    except ConfigError as exc:
+        fail(str(exc))
     from tasks import progress as progress_hooks
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("agents"), TimeElapsedColumn(), TimeRemainingColumn()]
@@ -341,13 +346,33 @@ def config_reference() -> None:
     walk(ExperimentConfig)
 
 
-models_app = typer.Typer(no_args_is_help=True, help="Bundled models: make them loadable by an engine.")
+models_app = typer.Typer(no_args_is_help=True, help="Bundled models: list them, make them loadable by an engine.")
 app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The bundled models: base or instruct, default prompt format, size, and whether cached.
+
+    Example: keynes models list
+    """
+    from engines.models import MODELS, cache_dir, cached
+
+    table = Table(title=f"bundled models (cache: {cache_dir()})")
+    for column in ("model", "type", "prompt format", "size", "cached", "package (extra)", "description"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for source in MODELS.values():
+        table.add_row(
+            source.name, "instruct" if source.instruct else "base", source.prompt_format,
+            f"{source.size_bytes / 1e6:.0f} MB", "yes" if cached(source) else "no",
+            f"{source.module.replace('_', '-')} ({source.extra})", source.description,
+        )
+    out.print(table)
 
 
 @models_app.command("prepare")
 def models_prepare(
-    name: Annotated[str, typer.Argument(help="A bundled model: gemma-3-270m.")],
+    name: Annotated[str, typer.Argument(help="A bundled model: gemma-3-270m or smollm2-135m-instruct.")],
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="The folder to write (default: the model cache, $KEYNES_CACHE/models).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the folder exists.")] = False,
 ) -> None:

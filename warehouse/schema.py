@@ -191,10 +191,16 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_a, run_b, round)
     );
     """,
+    # 4 -> 5: runs.prompting: how the run's engine formatted prompts (completion or chat) and
+    # the sha256 of the chat template it applied, so the text every agent saw is reproducible
+    """
+    ALTER TABLE runs ADD COLUMN IF NOT EXISTS prompting JSON;
+    """,
 ]
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
 
 class SchemaError(RuntimeError):
     """The file is not a keynes warehouse this version can use."""

@@ -92,8 +92,9 @@ def _static_views() -> dict[str, tuple[str, str]]:
                 FROM guesses g JOIN ({_ARM}) a USING (run_id) GROUP BY ALL""",
         ),
         "guess_stats_by_model": (
-            "Guesses by experiment, engine, model and round: n, valid, invalid rate, mean, median, sd, 95 % CI.",
-            f"""SELECT a.experiment_id, a.engine, a.model, g.round, {_STATS}
+            "Guesses by experiment, engine, model and round (the model that answered: a mixture's guesses count for "
+            "their own models): n, valid, invalid rate, mean, median, sd, 95 % CI.",
+            f"""SELECT a.experiment_id, g.engine, g.model, g.round, {_STATS}
                 FROM guesses g JOIN ({_ARM}) a USING (run_id) GROUP BY ALL""",
         ),
         "guess_stats_by_rule": (

@@ -255,24 +255,30 @@ def report(
     db: Annotated[Path, typer.Option("--db", help="The DuckDB warehouse.")] = Path("keynes.duckdb"),
     experiment: Annotated[Optional[str], typer.Option("--experiment", help="An experiment name (its newest run) or id; default: every experiment.")] = None,
     out_: Annotated[Path, typer.Option("--out", help="The HTML file (one per experiment: <stem>-<experiment id>.html when there are several).")] = Path("report.html"),
-    serve: Annotated[bool, typer.Option("--serve", help="Serve live pages on 127.0.0.1 instead of writing a file.")] = False,
+    serve: Annotated[bool, typer.Option("--serve", help="Serve live pages of every experiment instead of writing a file.")] = False,
+    host: Annotated[str, typer.Option("--host", help="The address --serve binds: 127.0.0.1 (this machine only) or e.g. 0.0.0.0 to share the pages on the network (no login: anyone who reaches the port reads them).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="The port of --serve.")] = 5006,
 ) -> None:
-    """Build the report page of an experiment: one offline HTML file, or live pages.
+    """Build the report page of an experiment: one offline HTML file, or a live report server.
 
     Example: keynes report --db keynes.duckdb --experiment quickstart --out report.html
     """
     from reports.data import ExperimentNotFound
     from warehouse.store import WarehouseError
 
-    if not db.exists():
+    if not db.exists() and not serve:
         fail(f"--db: {str(db)!r} does not exist")
+    if serve and not db.parent.is_dir():
+        fail(f"--db: directory {str(db.parent)!r} of {str(db)!r} does not exist")
     try:
         if serve:
-            from reports.export import serve as serve_pages
+            from reports.server import page_url, public_url, serve_reports
 
-            console.print(f"serving on http://127.0.0.1:{port}/ (Ctrl-C stops)", highlight=False)
-            serve_pages(db, experiment, port=port)
+            base = public_url(host, port)
+            console.print(f"serving every experiment of {db} on {base}/ (Ctrl-C stops)", highlight=False)
+            if experiment:
+                console.print(f"{experiment}: {page_url(base, experiment)}", highlight=False)
+            serve_reports([db], host=host, port=port)
             return
         if not out_.parent.exists():
             fail(f"--out: directory {str(out_.parent)!r} does not exist")

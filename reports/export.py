@@ -1,4 +1,4 @@
-"""Export: save a report page as one self-contained HTML file, or serve pages live.
+"""Export: save a report page as one self-contained HTML file (``reports.server`` serves them live).
 
 The saved file inlines every script and stylesheet (Bokeh, Panel, the template's CSS),
 so it opens offline; ``save_html`` refuses to write a page that still links one.
@@ -138,14 +138,3 @@ def write_reports(db: str | Path, out: str | Path, experiment: str | None = None
         written.append(save_html(build_page(data), target, title=f"keynes report · {data.overview['name']}"))
     return written
 
-
-def serve(db: str | Path, experiment: str | None = None, port: int = 5006, show: bool = False):
-    """Serve one live page per experiment on 127.0.0.1 (``/<experiment id>``); blocks.
-
-    Each request re-reads the warehouse, so a page shows a run that is still writing.
-    """
-    warehouse = Warehouse(db)
-    ids = resolve(warehouse, experiment)
-    pages = {experiment_id: (lambda eid=experiment_id: build_page(ReportData(warehouse, eid))) for experiment_id in ids}
-    return pn.serve(pages, address="127.0.0.1", port=port, show=show, title="keynes reports",
-                    websocket_origin=[f"127.0.0.1:{port}", f"localhost:{port}"])

@@ -93,6 +93,9 @@ def run(
 
         if ray.is_initialized():
             ray.shutdown()
+    if summary.get("message"):  # nothing was played: say why (e.g. a `continue` experiment is complete)
+        console.print(summary["message"], highlight=False)
+        return
     console.print(
         f"done: {summary['rounds_played']} round(s) played, {summary['rows_written']:,} guesses written. "
         f"Query them: keynes sql --db {cfg.db} \"select * from round_summary\"", highlight=False,
@@ -107,8 +110,13 @@ def serve(
     db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse of every deployment (default: each config's `db`).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field in every deployment: dotted.key=value (repeatable).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Flow runs at once across deployments (each starts its own local Ray unless workers.ray_address is set).")] = 1,
+    report_port: Annotated[int, typer.Option("--report-port", min=0, help="The port of the report server started beside the deployments (0: none).")] = 5006,
+    report_host: Annotated[str, typer.Option("--report-host", help="The address the report server binds: 127.0.0.1 (this machine only) or e.g. 0.0.0.0 to share the pages on the network (no login: anyone who reaches the port reads them).")] = "127.0.0.1",
 ) -> None:
     """Serve deployments of the experiment flow, with each config's schedule, until stopped.
+
+    A report server runs beside them (every experiment of the configs' warehouses, live);
+    each flow run links its page in the Prefect UI.
 
     Runs start on schedule (`schedule: {cron: ...}` or `{interval_s: ...}` in the config) or
     from the Prefect UI / `prefect deployment run 'experiment/NAME'`. Needs a Prefect server:
@@ -122,9 +130,11 @@ def serve(
     from warehouse.store import Warehouse, WarehouseError
 
     overrides = list(set_ or [])
+    dbs: list[Path] = []
     try:
         for config in configs:
-            Warehouse(load_config(config, overrides + ([f"db={db}"] if db else [])).db).check_writable()
+            dbs.append(Path(load_config(config, overrides + ([f"db={db}"] if db else [])).db).resolve())
+            Warehouse(dbs[-1]).check_writable()
         from flows.deploy import deployments_for, ping, serve as serve_deployments
 
         deployments = deployments_for(list(configs), overrides, db)
@@ -139,9 +149,35 @@ def serve(
     problem = ping(api)
     if problem:
         fail(f"PREFECT_API_URL {api}: {problem}")
+    if report_port:
+        from reports.urls import REPORT_URL_ENV
+
+        problem = port_taken(report_host, report_port)
+        if problem:
+            fail(f"--report-port: {problem}")
+        from reports.server import start_in_background
+
+        # Flow runs are child processes: the variable tells them where their pages are.
+        os.environ[REPORT_URL_ENV] = start_in_background(dbs, report_host, report_port)
+        console.print(f"[bold]reports[/]: {os.environ[REPORT_URL_ENV]}/ (every experiment of "
+                      f"{', '.join(sorted({p.name for p in dbs}))}, live)", highlight=False)
+    else:
+        console.print("reports: no report server (start one: keynes report --serve --db FILE)", highlight=False)
     for deployment in deployments:
         console.print(f"[bold]experiment/{deployment.name}[/]: {deployment.description}", highlight=False)
     serve_deployments(deployments, limit=limit)
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """None if ``host:port`` can be bound, else why not (one line)."""
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return f"cannot listen on {host}:{port} ({exc.strerror}); choose another port"
+    return None
 
 
 @app.command()
@@ -272,7 +308,8 @@ def report(
         fail(f"--db: directory {str(db.parent)!r} of {str(db)!r} does not exist")
     try:
         if serve:
-            from reports.server import page_url, public_url, serve_reports
+            from reports.server import serve_reports
+            from reports.urls import page_url, public_url
 
             base = public_url(host, port)
             console.print(f"serving every experiment of {db} on {base}/ (Ctrl-C stops)", highlight=False)

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed
 
 from flows import monitor, policies
+from flows.failures import one_line_failures
 from flows.config import ConfigError, ExperimentConfig, load_config
 from tasks import progress
 from tasks.play import Arm, ensure_ray, shutdown_pools, warm_pool
@@ -70,8 +71,12 @@ def _flow_run_name() -> str:
     try:
         db = params.get("db")
         cfg = load_config(source, list(params.get("overrides") or []) + ([f"db={db}"] if db else []))
-    except Exception:
-        return f"{fallback}-{time.strftime('%Y%m%d-%H%M%S')}"
+    except Exception:  # the run fails with the reason; its name still says what it was
+        try:
+            fallback = load_config(source, []).name
+        except Exception:
+            pass
+        return f"{fallback}: invalid config or override, {time.strftime('%Y-%m-%d %H:%M:%S')}"
     arms = cfg.arms_list()
     head = f"{cfg.experiment_id}: {cfg.population.size:,} agents × {len(arms)} arm(s)"
     if not cfg.continue_:
@@ -100,6 +105,7 @@ def _finished_rounds(warehouse: Warehouse, arms: list[Arm], read_only: bool = Fa
 
 
 @flow(name="experiment", flow_run_name=_flow_run_name, log_prints=True)
+@one_line_failures
 def experiment(config: str | dict, overrides: list[str] | None = None, db: str | None = None) -> dict[str, Any]:
     """Run (or resume) an experiment.
 
@@ -133,7 +139,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             f"are in {cfg.db}; nothing to play"
         )
         logger.info(message)
-        summary["complete"] = True
+        summary["complete"], summary["message"] = True, message
         return Completed(message=message, data=summary)  # type: ignore[return-value]
 
     warehouse.begin_experiment(
@@ -161,6 +167,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             summary["dashboard_url"] = ray_info["dashboard_url"]
         for arm in arms:
             warehouse.begin_run(run_row(cfg, arm))
+        monitor.publish_report(cfg.experiment_id)  # the live page, when a report server runs
         since = datetime.now(timezone.utc)
         # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
         with progress.reporting(monitor.Fanout(progress.current(), monitor.ArtifactProgress())):
@@ -183,7 +190,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         state = report_stage(str(cfg.db), cfg.experiment_id, cfg.report_path, return_state=True)
         if state.is_completed():
             summary["report"] = state.result()
-            monitor.publish_report(summary["report"], cfg.experiment_id)
+            monitor.publish_report(cfg.experiment_id, summary["report"])
             logger.info("report: %s", summary["report"])
         else:
             logger.error("report failed: %s", state.message)

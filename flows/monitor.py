@@ -8,6 +8,7 @@ Monitoring never fails a run: an artifact the API refuses is logged and skipped.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -22,7 +23,12 @@ from prefect.artifacts import (
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
+    TableArtifact,
 )
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
+
+from reports.urls import page_url, report_base_url
 
 from tasks import progress
 from tasks.environment import RoundOutcome
@@ -83,7 +89,7 @@ class _ArtifactBar:
 
     @property
     def description(self) -> str:
-        return f"{self.label}: {self.done:,} / {self.total:,} agents"
+        return f"**{self.label}**: {self.done:,} of {self.total:,} agents played ({self.percent:.0f} %)"
 
     def advance(self, n: int) -> None:
         self.done += n
@@ -210,17 +216,40 @@ def ray_node_names() -> dict[str, str]:
         return {}
 
 
+#: (flow run, artifact key) → the id of the table artifact that run updates in place.
+_TABLES: dict[tuple[str, str], UUID] = {}
+
+
+def _flow_run_id() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id)
+
+
+def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> None:
+    """One table artifact per flow run and key: created once, then updated in place (no new
+    version, so the run's Artifacts tab shows one card)."""
+    slot = (_flow_run_id(), key)
+    if slot not in _TABLES:
+        artifact_id = _safely("create a table artifact", lambda: create_table_artifact(table=rows, key=key, description=description))
+        if artifact_id is not None:
+            _TABLES[slot] = artifact_id
+        return
+    data = json.dumps(TableArtifact._sanitize(rows))
+
+    def update() -> None:
+        with get_client(sync_client=True) as client:
+            client.update_artifact(_TABLES[slot], ArtifactUpdate(data=data, description=description))
+
+    _safely("update a table artifact", update)
+
+
 def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime) -> list[dict[str, Any]]:
-    """A table artifact of the Ray workers in use (a new version after each round)."""
+    """The table artifact of the Ray workers in use, updated after each round."""
     rows = _safely("read the shards table", lambda: worker_rows(warehouse, experiment_id, since, ray_node_names())) or []
     if rows:
-        _safely(
-            "create the workers artifact",
-            lambda: create_table_artifact(
-                table=rows, key=artifact_key("workers", experiment_id),
-                description=f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)",
-            ),
-        )
+        publish_table(artifact_key("workers", experiment_id), rows,
+                      f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)")
     return rows
 
 
@@ -236,12 +265,31 @@ def publish_dashboard(url: str) -> str:
     return link
 
 
-def publish_report(path: str | Path, experiment_id: str) -> str:
-    """A link artifact to a report file (a ``file://`` URL: open it on the machine that ran the flow)."""
-    link = Path(path).resolve().as_uri()
+#: (flow run, experiment) pairs whose report link is published.
+_LINKED: set[tuple[str, str]] = set()
+
+
+def publish_report(experiment_id: str, path: str | Path | None = None) -> str | None:
+    """The experiment's one report link artifact; returns the link (None: nothing to link yet).
+
+    With a report server (``keynes serve`` tells its flow runs where it is) the link is the
+    live page's ``http://`` address, published once per run, as soon as the run starts; without
+    one it is the written file's ``file://`` URL (it opens on the machine that ran the flow).
+    """
+    base = report_base_url()
+    slot = (_flow_run_id(), experiment_id)
+    if base:
+        link, text, what = page_url(base, experiment_id), f"Live report: {experiment_id}", "live report page (updates as rounds land)"
+    elif path is not None:
+        link, text, what = Path(path).resolve().as_uri(), Path(path).name, "report page (a file on the machine that ran the flow)"
+    else:
+        return None
+    if slot in _LINKED:
+        return link
+    _LINKED.add(slot)
     _safely(
         "create the report link",
-        lambda: create_link_artifact(link=link, link_text=Path(path).name, key=artifact_key("report", experiment_id),
-                                     description=f"{experiment_id}: report page"),
+        lambda: create_link_artifact(link=link, link_text=text, key=artifact_key("report", experiment_id),
+                                     description=f"{experiment_id}: {what}"),
     )
     return link

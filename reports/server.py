@@ -8,8 +8,6 @@ itself when a round, shard or status landed, so a running experiment needs no re
 from __future__ import annotations
 
 import html
-import os
-import socket
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,6 +19,7 @@ import polars as pl
 
 from reports.app import HEADER_COLOR, build_page
 from reports.data import ReportData, experiment_index, experiment_version
+from reports.urls import public_url
 from warehouse.store import Warehouse, WarehouseError
 
 #: Seconds between two checks of an open page's warehouse.
@@ -35,17 +34,6 @@ th { background: #eef2f7; padding: 6px 10px; text-align: left; white-space: nowr
 td { padding: 5px 10px; border-top: 1px solid #e3e7ee; }
 td.n { text-align: right; }
 """
-
-
-def page_url(base_url: str, experiment_id: str) -> str:
-    """The address of an experiment's page on a report server at ``base_url``."""
-    return f"{base_url.rstrip('/')}/experiment?id={quote(experiment_id)}"
-
-
-def public_url(host: str, port: int) -> str:
-    """The address others use to reach a server bound to ``host`` (a wildcard becomes the host name)."""
-    name = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
-    return f"http://{name}:{port}"
 
 
 class Catalog:
@@ -205,11 +193,3 @@ def start_in_background(dbs: list[str | Path], host: str, port: int) -> str:
     serve_reports(dbs, host=host, port=port, threaded=True)
     return public_url(host, port)
 
-
-#: The variable that tells a flow run where the report server of ``keynes serve`` is.
-REPORT_URL_ENV = "KEYNES_REPORT_URL"
-
-
-def report_base_url() -> str | None:
-    """The report server's base URL given to this process, if any."""
-    return os.environ.get(REPORT_URL_ENV) or None

@@ -1,7 +1,7 @@
-"""Stage 5, report: build the experiment's offline report page and publish Prefect artifacts.
+"""Stage 5, report: build the experiment's offline report page and publish its round summary.
 
 A markdown artifact summarises each round of each arm (from the ``round_summary`` view);
-a link artifact points at the saved HTML file.
+the flow links the page (``flows.monitor.publish_report``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 from prefect import task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
 from warehouse.store import Warehouse
@@ -50,7 +50,7 @@ def artifact_key(experiment_id: str) -> str:
 
 @task(name="report", cache_policy=NONE, retries=1, retry_delay_seconds=[5])
 def report_stage(db: str, experiment_id: str, out: str) -> str:
-    """Write the experiment's report page and publish its artifacts; return the file path."""
+    """Write the experiment's report page and publish its round summary; return the file path."""
     from reports.export import write_reports  # Panel loads in seconds: only when a report is built
 
     path = write_reports(db, out, experiment_id)[0]
@@ -58,6 +58,4 @@ def report_stage(db: str, experiment_id: str, out: str) -> str:
     key = artifact_key(experiment_id)
     create_markdown_artifact(markdown=round_markdown(rounds, experiment_id, path), key=f"{key}-rounds",
                              description=f"Round summary of {experiment_id}")
-    create_link_artifact(link=path.resolve().as_uri(), link_text=f"Report: {path.name}", key=f"{key}-report",
-                         description=f"Offline report page of {experiment_id}")
     return str(path)

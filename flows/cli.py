@@ -74,6 +74,10 @@ def run(
         Warehouse(cfg.db).check_writable()
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
+    from flows.processes import guard
+
+    for line in guard("keynes run"):  # what a killed earlier run left behind
+        console.print(line, highlight=False)
     from flows.experiment import experiment
     from tasks import progress as progress_hooks
 
@@ -149,6 +153,10 @@ def serve(
     problem = ping(api)
     if problem:
         fail(f"PREFECT_API_URL {api}: {problem}")
+    from flows.processes import guard
+
+    for line in guard("keynes serve"):
+        console.print(line, highlight=False)
     if report_port:
         from reports.urls import REPORT_URL_ENV
 

@@ -229,13 +229,15 @@ def _run_artifacts(api: str, flow_run_id) -> list:
 
 def _pause_ticker(api: str) -> None:
     """Stop ticker's 5 s schedule (tested above) so its backlog does not hold the runner's one slot."""
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter, FlowRunFilterStateType
+    from prefect.client.schemas.filters import (
+        DeploymentFilter, DeploymentFilterName, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+    )
 
     with _client(api) as client:
         client.pause_deployment(_deployments(api)["ticker"].id)
         for run in client.read_flow_runs(
             deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["ticker"])),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterStateType(any_=["SCHEDULED"])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"]))),
         ):
             client.delete_flow_run(run.id)
 

@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from core.game import GameRule  # noqa: E402
+from core.seeds import agent_seeds  # noqa: E402
+from engines import Constraint, RequestBatch, Sampling  # noqa: E402
 from populations.sampler import sample  # noqa: E402
 from populations.spec import load_spec  # noqa: E402
+from prompts.context import agent_variables, game_context  # noqa: E402
 from prompts.render import render  # noqa: E402
-from tasks.engines import Constraint, RequestBatch, Sampling  # noqa: E402
-from tasks.environment import GameRule  # noqa: E402
-from tasks.seeds import agent_seeds  # noqa: E402
-from tasks.worker import _template_frame, game_context  # noqa: E402
 
 RULE = GameRule()
 CONSTRAINT = Constraint(RULE.low, RULE.high, RULE.integer)
@@ -67,7 +67,7 @@ class Timing:
 def workload(n: int, seed: int, threads: int) -> Workload:
     personas = sample(load_spec("education.yaml"), n, seed)
     shared = {"game": game_context(RULE, n), "round": 1, "history": []}
-    prompts = render("basic.j2", shared, _template_frame(personas))
+    prompts = render("basic.j2", shared, agent_variables(personas))
     ids = personas["agent_id"].to_numpy().astype(np.int64)
     seeds = (agent_seeds(seed, ids, "sample", 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
     return Workload(ids, prompts, seeds, threads)
@@ -88,9 +88,9 @@ def bench_llamacpp(work: Workload, repeat: int) -> list[Timing]:
     """keynes' ``llamacpp`` engine vs a plain ``Llama.create_completion`` loop (same grammar)."""
     from llama_cpp import Llama, LlamaGrammar
 
+    from engines.llamacpp import LlamaCppEngine, LlamaCppSpec
+    from engines.models import resolve
     from prompts.answers import number_gbnf
-    from tasks.engines.llamacpp import LlamaCppEngine, LlamaCppSpec
-    from tasks.engines.models import resolve
 
     path = str(resolve("gemma-3-270m"))
     llm = Llama(model_path=path, n_ctx=2048, n_threads=work.threads, n_threads_batch=work.threads, seed=0, verbose=False)

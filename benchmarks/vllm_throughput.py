@@ -24,13 +24,13 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process, as i
 
 import numpy as np  # noqa: E402
 
+from core.game import GameRule  # noqa: E402
+from core.seeds import agent_seeds  # noqa: E402
+from engines import Constraint, RequestBatch, Sampling  # noqa: E402
 from populations.sampler import sample  # noqa: E402
 from populations.spec import load_spec  # noqa: E402
+from prompts.context import agent_variables, game_context  # noqa: E402
 from prompts.render import render  # noqa: E402
-from tasks.engines import Constraint, RequestBatch, Sampling  # noqa: E402
-from tasks.environment import GameRule  # noqa: E402
-from tasks.seeds import agent_seeds  # noqa: E402
-from tasks.worker import _template_frame, game_context  # noqa: E402
 
 RULE = GameRule()
 CONSTRAINT = Constraint(RULE.low, RULE.high, RULE.integer)
@@ -53,7 +53,7 @@ def workload(n: int, seed: int) -> RequestBatch:
     """The agents' prompts and seeds, exactly as a round's first shard would send them."""
     personas = sample(load_spec("education.yaml"), n, seed)
     shared = {"game": game_context(RULE, n), "round": 1, "history": []}
-    prompts = render("basic.j2", shared, _template_frame(personas))
+    prompts = render("basic.j2", shared, agent_variables(personas))
     ids = personas["agent_id"].to_numpy().astype(np.int64)
     seeds = (agent_seeds(seed, ids, "sample", 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
     return RequestBatch(ids, prompts, seeds, SAMPLING, CONSTRAINT)
@@ -64,7 +64,7 @@ def bench_vllm(batch: RequestBatch, repeat: int, spec_args: dict) -> list[Timing
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from tasks.engines.vllm import VllmEngine, VllmSpec
+    from engines.vllm import VllmEngine, VllmSpec
 
     start = time.perf_counter()
     engine = VllmEngine(VllmSpec(**spec_args))

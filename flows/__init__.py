@@ -1,6 +1,6 @@
-"""Flows: the Prefect flow ``experiment``, the experiment config models and the ``keynes`` CLI.
+"""Flows: the Prefect flow ``experiment``, the experiment config (models and loading),
+deployments, what the Prefect UI shows, and the ``keynes`` CLI.
 
-The only layer that knows about orchestration and the command line; it composes
-domain types from ``tasks``, ``populations`` and ``prompts`` and knows nothing of
-how engines or storage work inside.
+The only layer that knows about the command line; it calls the stages in ``tasks`` and
+composes domain types from ``core``, ``engines``, ``populations`` and ``prompts``.
 """

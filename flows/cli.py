@@ -64,7 +64,8 @@ def run(
 
     Example: keynes run experiments/quickstart.yaml --set population.size=1000 --set game.rounds=2
     """
-    from flows.config import ConfigError, load_config
+    from flows.config import ConfigError
+    from flows.loading import load_config
     from warehouse.store import Warehouse, WarehouseError
 
     overrides = list(set_ or []) + ([f"db={db}"] if db else [])
@@ -130,7 +131,8 @@ def serve(
     """
     if not _LOG_LEVEL_CHOSEN:  # flow-run logs belong in the UI
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
-    from flows.config import ConfigError, load_config
+    from flows.config import ConfigError
+    from flows.loading import load_config
     from warehouse.store import Warehouse, WarehouseError
 
     overrides = list(set_ or [])
@@ -139,7 +141,8 @@ def serve(
         for config in configs:
             dbs.append(Path(load_config(config, overrides + ([f"db={db}"] if db else [])).db).resolve())
             Warehouse(dbs[-1]).check_writable()
-        from flows.deploy import deployments_for, ping, serve as serve_deployments
+        from flows.deploy import deployments_for, ping
+        from flows.deploy import serve as serve_deployments
 
         deployments = deployments_for(list(configs), overrides, db)
     except (ConfigError, WarehouseError) as exc:
@@ -252,7 +255,8 @@ def personas(
         fail("--backstories: needs --db (backstories are cached in the warehouse)")
     if db is not None and not db.parent.is_dir():
         fail(f"--db: directory {str(db.parent)!r} of {str(db)!r} does not exist")
-    from tasks.personas import Backstories, make_personas, population_id
+    from populations.backstories import BackstoryConfig
+    from tasks.personas import make_personas, population_id
     from warehouse.store import Warehouse, WarehouseError
 
     settings = None
@@ -260,7 +264,7 @@ def personas(
         from pydantic import ValidationError
 
         try:
-            settings = Backstories(enabled=True, engine={"kind": engine}, max_tokens=max_tokens)
+            settings = BackstoryConfig(enabled=True, engine={"kind": engine}, max_tokens=max_tokens)
         except ValidationError as exc:
             error = exc.errors(include_url=False)[0]
             option = "--max-tokens" if error["loc"] and error["loc"][0] == "max_tokens" else "--engine"
@@ -401,7 +405,7 @@ def models_prepare(
 
     Example: keynes models prepare gemma-3-270m
     """
-    from tasks.engines.convert import BUNDLED, is_prepared, timed_prepare
+    from engines.convert import BUNDLED, is_prepared, timed_prepare
 
     if name not in BUNDLED:
         fail(f"name: unknown model {name!r}; bundled: {', '.join(sorted(BUNDLED))}")

@@ -1,30 +1,28 @@
-"""The experiment config: YAML in, pydantic models out, one clear line per error.
+"""The experiment config as pydantic models: every field with a default and a description.
 
-The models compose domain types defined where they belong — the game rule beside
-the environment (``tasks.environment.GameRule``), engine specs beside the engines
-(``tasks.engines``), population specs in ``populations``. Every field has a
-description, which ``keynes config`` prints as the reference.
+The models compose domain types defined where they belong — the game rule in the core
+(``core.game.GameRule``), engine specs beside the engines (``engines``), population
+specs and backstory settings in ``populations``. Every field has a description, which
+``keynes config`` prints as the reference. Reading a config imports no orchestration
+(Prefect, Ray); ``flows.loading`` reads YAML, applies overrides and words the errors.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Any, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+import engines
+from core.arms import Arm
+from core.game import GameOverride, GameRule, Groups
+from engines.mixture import MixtureSpec
+from populations.backstories import BackstoryConfig
 from populations.spec import PopulationSpec, SpecError, load_spec, parse_spec
 from prompts.modes import MODES, custom_mode
-from tasks import engines
-from tasks.engines.mixture import MixtureSpec
-from tasks.environment import GameOverride, GameRule, Groups
-from tasks.personas import Backstories
-from tasks.play import Arm
 
 
 class ConfigError(ValueError):
@@ -51,7 +49,7 @@ class PopulationConfig(Strict):
     attributes: dict[str, Any] | None = Field(None, description="Inline attributes, in the spec file format (instead of `spec`).")
     sampling: str | None = Field(None, description="Override the spec's sampling mode: quota or iid.")
     size: int = Field(100, gt=0, description="Number of agents.")
-    backstories: Backstories = Field(default_factory=Backstories, description="LLM-written backgrounds for personas.")
+    backstories: BackstoryConfig = Field(default_factory=BackstoryConfig, description="LLM-written backgrounds for personas.")
 
     def load(self) -> PopulationSpec:
         """The population spec this config names (inline attributes win over the file)."""
@@ -219,7 +217,7 @@ class ExperimentConfig(Strict):
     )
 
     @model_validator(mode="after")
-    def _population_exists(self) -> "ExperimentConfig":
+    def _groups_and_games_fit(self) -> "ExperimentConfig":
         spec = self.population.load()
         if self.groups is not None and self.groups.by is not None and self.groups.by not in spec.attributes:
             known = ", ".join(spec.attributes) or "none"
@@ -273,151 +271,3 @@ class ExperimentConfig(Strict):
                             )
                         )
         return out
-
-
-# ------------------------------------------------------------------------------ loading
-def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
-    """Read a YAML file (or a mapping), apply ``dotted.key=value`` overrides, validate.
-
-    Raises:
-        ConfigError: one line naming the field path and the bad value.
-    """
-    if isinstance(source, dict):
-        data = json.loads(json.dumps(source))
-        origin = "config"
-    else:
-        path = Path(source)
-        origin = str(path)
-        if not path.exists():
-            raise ConfigError(f"{origin}: no such config file")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise ConfigError(f"{origin}: {where}invalid YAML ({problem})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{origin}: expected a mapping of settings, got {type(data).__name__}")
-    for item in overrides:
-        apply_override(data, item)
-    try:
-        return ExperimentConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_error(exc, data)) from None
-
-
-def apply_override(data: dict, item: str) -> None:
-    """Set ``dotted.key=value`` in a nested mapping (list items by index); the value is YAML."""
-    if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected dotted.key=value")
-    key, raw = item.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    parts = key.strip().split(".")
-    node: Any = data
-    for i, part in enumerate(parts[:-1]):
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"{'.'.join(parts[: i + 1])}: no item {part!r} in a list of {len(node)}")
-            node = node[int(part)]
-            continue
-        nxt = node.get(part)
-        if nxt is None:
-            nxt = node[part] = {}
-        node = nxt
-    last = parts[-1]
-    if isinstance(node, list):
-        if not last.isdigit() or int(last) >= len(node):
-            raise ConfigError(f"{key}: no item {last!r} in a list of {len(node)}")
-        node[int(last)] = value
-    else:
-        node[last] = value
-
-
-def format_error(exc: ValidationError, data: Any = None) -> str:
-    """The first validation error as ``field.path: message`` with the bad value."""
-    error = exc.errors(include_url=False)[0]
-    loc = [str(p) for p in error["loc"]]
-    # A discriminated union puts the engine kind in the path: drop it.
-    kinds = [*engines.available(), "mixture"]
-    loc = [p for i, p in enumerate(loc) if not (i > 0 and (loc[i - 1].isdigit() or loc[i - 1] == "engine") and p in kinds)]
-    loc = [p for i, p in enumerate(loc) if not (i > 0 and loc[i - 1].isdigit() and p in ("builtin", "custom"))]
-    path = ".".join(loc) or "config"
-    value = error.get("input")
-    kind = error["type"]
-    message = error["msg"]
-    # A check across fields (a model validator) names its own path: "groups.by: ...".
-    if not loc and kind == "value_error" and re.match(r"^[\w.]+: ", message.removeprefix("Value error, ")):
-        return message.removeprefix("Value error, ")
-    if kind == "extra_forbidden":
-        parent_model = _engine_model_at(data, error["loc"][:-1]) or _model_at(loc[:-1])
-        hint = ""
-        if parent_model is not None:
-            keys = [field.alias or name for name, field in parent_model.model_fields.items()]
-            close = difflib.get_close_matches(loc[-1], keys, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(keys)})"
-        return f"{path}: unknown key{hint}"
-    if kind in ("union_tag_invalid", "literal_error") and loc and loc[-1] == "kind" or kind == "union_tag_invalid":
-        bad = value.get("kind") if isinstance(value, dict) else value
-        return f"{path if loc[-1] == 'kind' else path + '.kind'}: unknown engine {bad!r}; available: {', '.join(engines.available())}"
-    if kind == "missing":
-        return f"{path}: required"
-    if kind == "value_error" and not loc:  # whole-config checks name their own field path
-        return message.removeprefix("Value error, ")
-    if kind in ("value_error", "assertion_error"):
-        message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        if message.startswith((f"{path}.", f"{path}:")):  # the check named its own, deeper field path
-            return message
-        if isinstance(value, (str, int, float)) and repr(value) not in message and str(value) not in message:
-            return f"{path}: {value!r}: {message}"
-        return f"{path}: {message}"
-    return f"{path}: {value!r}: {message[0].lower() + message[1:]}" if not isinstance(value, dict) else f"{path}: {message}"
-
-
-def _engine_model_at(data: Any, loc: tuple) -> type[BaseModel] | None:
-    """The engine config model for the mapping at ``loc`` of the raw config, by its ``kind``."""
-    node = data
-    for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        elif isinstance(part, str) and part in engines.available() + ["mixture"]:
-            continue  # a discriminator tag in the error path, not in the data
-        else:
-            return None
-    if isinstance(node, dict) and isinstance(node.get("kind"), str):
-        try:
-            return engines.spec_class(node["kind"]) if node["kind"] != "mixture" else MixtureSpec
-        except ValueError:
-            return None
-    return None
-
-
-def _model_at(loc: list[str]) -> type[BaseModel] | None:
-    """The pydantic model that validates the mapping at ``loc`` (for key suggestions)."""
-    model: Any = ExperimentConfig
-    for part in loc:
-        if part.isdigit():
-            continue
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
-            return None
-        annotation = field.annotation
-        model = _first_model(annotation)
-        if model is None:
-            return None
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def _first_model(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _first_model(arg)
-        if found is not None:
-            return found
-    return None

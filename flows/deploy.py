@@ -17,8 +17,9 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron, Interval, Schedule
 from prefect.types.entrypoint import EntrypointType
 
-from flows.config import ConfigError, ExperimentConfig, ScheduleConfig, load_config
+from flows.config import ConfigError, ExperimentConfig, ScheduleConfig
 from flows.experiment import experiment
+from flows.loading import load_config
 
 
 def schedule_for(schedule: ScheduleConfig | None) -> Schedule | None:

@@ -1,6 +1,7 @@
 """The Prefect flow ``experiment``: config → personas → rounds of play → warehouse.
 
-The flow only calls the stages in order; each stage is a task in ``tasks/``. Rerunning
+The flow only calls the stages in order, each one call to its task in ``tasks/``
+(personas, play, store's load, environment, store, report). Rerunning
 the same config resumes: finished rounds are skipped, missing shards are played, no
 row is written twice. With ``continue: true`` each run plays only the next round.
 """
@@ -16,13 +17,17 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Completed
 
-from flows import monitor, policies
+from core.arms import Arm, check_prompt_inputs
+from flows import monitor
+from flows.config import ConfigError, ExperimentConfig
 from flows.failures import one_line_failures
-from flows.config import ConfigError, ExperimentConfig, load_config
+from flows.loading import load_config
 from tasks import progress
-from tasks.play import Arm, ensure_ray, shutdown_pools, warm_pool
+from tasks.environment import environment, group_environments
+from tasks.personas import personas_stage
+from tasks.play import ensure_ray, play_round, shutdown_pools, warm_pool
 from tasks.report import report_stage
-from tasks.worker import check_prompt_inputs
+from tasks.store import load_round, store_outcome
 from warehouse.store import Warehouse
 
 
@@ -82,26 +87,11 @@ def _flow_run_name() -> str:
     if not cfg.continue_:
         return f"{head} × {cfg.game.rounds} round(s)"
     try:  # read-only and brief: a name is not worth waiting for a busy warehouse
-        finished = _finished_rounds(Warehouse(cfg.db, lock_timeout_s=2), arms, read_only=True)
+        finished = Warehouse(cfg.db, lock_timeout_s=2).finished_rounds([a.run_id for a in arms], read_only=True)
     except Exception:
         return f"{head}, next round"
     todo = [r[0] for r in round_plan(cfg, arms, finished).values() if r]
     return f"{head}, round {min(todo)} of {cfg.game.rounds}" if todo else f"{head}, all {cfg.game.rounds} round(s) done"
-
-
-def _finished_rounds(warehouse: Warehouse, arms: list[Arm], read_only: bool = False) -> dict[str, set[int]]:
-    """Rounds whose outcome is committed, per arm (none when the file does not exist yet)."""
-    if not warehouse.path.exists():
-        return {}
-    if read_only:
-        frame = warehouse.query(
-            "SELECT run_id, round FROM rounds WHERE list_contains(?, run_id)", [[a.run_id for a in arms]]
-        )
-        out: dict[str, set[int]] = {}
-        for run_id, round_ in frame.iter_rows():
-            out.setdefault(run_id, set()).add(round_)
-        return out
-    return {arm.run_id: set(warehouse.finished_rounds(arm.run_id)) for arm in arms}
 
 
 @flow(name="experiment", flow_run_name=_flow_run_name, log_prints=True)
@@ -124,7 +114,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     logger = get_run_logger()
     warehouse = Warehouse(cfg.db)
     arms = cfg.arms_list()
-    finished = _finished_rounds(warehouse, arms)
+    finished = warehouse.finished_rounds([a.run_id for a in arms])
     plan = round_plan(cfg, arms, finished)
     summary: dict[str, Any] = {
         "experiment_id": cfg.experiment_id, "db": str(cfg.db), "arms": len(arms),
@@ -190,7 +180,6 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         state = report_stage(str(cfg.db), cfg.experiment_id, cfg.report_path, return_state=True)
         if state.is_completed():
             summary["report"] = state.result()
-            monitor.publish_report(cfg.experiment_id, summary["report"])
             logger.info("report: %s", summary["report"])
         else:
             logger.error("report failed: %s", state.message)
@@ -208,10 +197,10 @@ def _personas(cfg: ExperimentConfig, warehouse: Warehouse):
         cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
         cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
     )
-    policies.personas(*args)
+    personas_stage(*args)
     personas = warehouse.read_personas(cfg.experiment_id)
     if personas.height != cfg.population.size:  # a cached stage, but its rows are gone from the file
-        policies.personas.with_options(refresh_cache=True)(*args)
+        personas_stage.with_options(refresh_cache=True)(*args)
         personas = warehouse.read_personas(cfg.experiment_id)
     return personas
 
@@ -222,15 +211,15 @@ def _play_arm(
 ) -> None:
     for round_ in rounds:
         start = time.perf_counter()
-        played = policies.play(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
-        guesses = policies.load(warehouse, arm.run_id, round_, personas.height)
-        result = policies.environment(arm.run_id, round_)(guesses, arm.rule)
+        played = play_round(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
+        guesses = load_round(warehouse, arm.run_id, round_, personas.height)
+        result = environment(arm.run_id, round_, guesses, arm.rule)
         groups = (
-            policies.groups(arm.run_id, round_)(guesses, personas.select("agent_id", "group"), arm.rule)
+            group_environments(arm.run_id, round_, guesses, personas.select("agent_id", "group"), arm.rule)
             if "group" in personas.columns else None
         )
         seconds = time.perf_counter() - start
-        policies.store(warehouse, arm.run_id, round_, result, seconds, groups)
+        store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
         monitor.publish_round(arm, round_, result, seconds)
         monitor.publish_workers(warehouse, cfg.experiment_id, since)
         summary["rounds_played"] += 1
@@ -242,11 +231,8 @@ def _play_arm(
 
 def _close_statuses(warehouse: Warehouse, cfg: ExperimentConfig, arms: list[Arm]) -> None:
     """Mark a fully played experiment completed if a crash left it marked otherwise."""
-    statuses = warehouse.query(
-        "SELECT status FROM runs WHERE experiment_id = ? UNION ALL SELECT status FROM experiments WHERE experiment_id = ?",
-        [cfg.experiment_id, cfg.experiment_id],
-    )["status"].to_list()
-    if statuses and set(statuses) != {"completed"}:
+    statuses = warehouse.statuses(cfg.experiment_id)
+    if statuses and statuses != {"completed"}:
         for arm in arms:
             warehouse.finish_run(arm.run_id)
         warehouse.finish_experiment(cfg.experiment_id)

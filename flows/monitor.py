@@ -9,50 +9,32 @@ Monitoring never fails a run: an artifact the API refuses is logged and skipped.
 from __future__ import annotations
 
 import json
-import logging
-import re
 import time
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import (
+    TableArtifact,
     create_link_artifact,
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
-    TableArtifact,
 )
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 
 from reports.urls import page_url, report_base_url
 
+from core.arms import Arm
+from core.game import RoundOutcome
 from tasks import progress
-from tasks.environment import RoundOutcome
-from tasks.worker import Arm
+from tasks.artifacts import artifact_key, safely
 from warehouse.store import Warehouse
-
-log = logging.getLogger(__name__)
 
 #: Least seconds between two updates of one progress artifact (a million agents commit thousands of shards).
 PROGRESS_INTERVAL_S = 1.0
-
-
-def artifact_key(*parts: object) -> str:
-    """An artifact key from parts: lowercase letters, digits and dashes only (Prefect's rule)."""
-    text = "-".join(str(p) for p in parts).lower()
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", text)).strip("-")
-
-
-def _safely(what: str, make: Callable[[], Any]) -> Any:
-    try:
-        return make()
-    except Exception as exc:  # the API being away must not stop 10,000 agents from playing
-        log.warning("could not %s: %s", what, exc)
-        return None
 
 
 # ------------------------------------------------------------------------------ progress
@@ -76,7 +58,7 @@ class _ArtifactBar:
         self.label, self.total, self.done = label, total, completed
         self.min_interval_s = min_interval_s
         self.last = time.monotonic()
-        self.artifact_id: UUID | None = _safely(
+        self.artifact_id: UUID | None = safely(
             "create a progress artifact",
             lambda: create_progress_artifact(
                 progress=self.percent, key=artifact_key("progress", label), description=self.description
@@ -102,7 +84,7 @@ class _ArtifactBar:
     def _send(self) -> None:
         self.last = time.monotonic()
         if self.artifact_id is not None:
-            _safely(
+            safely(
                 "update a progress artifact",
                 lambda: update_progress_artifact(self.artifact_id, progress=self.percent, description=self.description),
             )
@@ -132,7 +114,7 @@ class _FanoutBar:
 
 
 # ------------------------------------------------------------------------------ rounds
-def round_markdown(arm: Arm, round_: int, result: RoundOutcome, seconds: float, max_winners: int = 10) -> str:
+def outcome_markdown(arm: Arm, round_: int, result: RoundOutcome, seconds: float, max_winners: int = 10) -> str:
     """A round's outcome as markdown: mean, target, winners, invalid rate."""
     rule = arm.rule
 
@@ -163,10 +145,10 @@ def round_markdown(arm: Arm, round_: int, result: RoundOutcome, seconds: float, 
 
 def publish_round(arm: Arm, round_: int, result: RoundOutcome, seconds: float) -> None:
     """A markdown artifact with a round's outcome (one key per arm and round)."""
-    _safely(
+    safely(
         "create the round artifact",
         lambda: create_markdown_artifact(
-            markdown=round_markdown(arm, round_, result, seconds),
+            markdown=outcome_markdown(arm, round_, result, seconds),
             key=artifact_key(arm.run_id, "round", round_),
             description=f"{arm.run_id} round {round_}: outcome",
         ),
@@ -174,22 +156,13 @@ def publish_round(arm: Arm, round_: int, result: RoundOutcome, seconds: float) -
 
 
 # ------------------------------------------------------------------------------ workers
-WORKERS_SQL = """
-    SELECT s.node, s.worker, r.model AS engine, count(*) AS shards, sum(s.n) AS agents,
-           sum(s.seconds) AS busy_s, sum(s.n) / nullif(sum(s.seconds), 0) AS agents_per_s
-    FROM shards s JOIN runs r USING (run_id)
-    WHERE r.experiment_id = ? AND s.committed_at >= ?
-    GROUP BY ALL ORDER BY s.node, s.worker
-"""
-
-
 def worker_rows(warehouse: Warehouse, experiment_id: str, since: datetime, node_names: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The Ray workers that played shards of an experiment since ``since``.
 
     Each row: node (address and short id), worker (host:pid), engine, shards done,
     agents, agents/s while busy.
     """
-    frame = warehouse.query(WORKERS_SQL, [experiment_id, since])
+    frame = warehouse.worker_summary(experiment_id, since)
     names = node_names or {}
     return [
         {
@@ -231,7 +204,7 @@ def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> Non
     version, so the run's Artifacts tab shows one card)."""
     slot = (_flow_run_id(), key)
     if slot not in _TABLES:
-        artifact_id = _safely("create a table artifact", lambda: create_table_artifact(table=rows, key=key, description=description))
+        artifact_id = safely("create a table artifact", lambda: create_table_artifact(table=rows, key=key, description=description))
         if artifact_id is not None:
             _TABLES[slot] = artifact_id
         return
@@ -241,12 +214,12 @@ def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> Non
         with get_client(sync_client=True) as client:
             client.update_artifact(_TABLES[slot], ArtifactUpdate(data=data, description=description))
 
-    _safely("update a table artifact", update)
+    safely("update a table artifact", update)
 
 
 def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime) -> list[dict[str, Any]]:
     """The table artifact of the Ray workers in use, updated after each round."""
-    rows = _safely("read the shards table", lambda: worker_rows(warehouse, experiment_id, since, ray_node_names())) or []
+    rows = safely("read the shards table", lambda: worker_rows(warehouse, experiment_id, since, ray_node_names())) or []
     if rows:
         publish_table(artifact_key("workers", experiment_id), rows,
                       f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)")
@@ -257,7 +230,7 @@ def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime) -
 def publish_dashboard(url: str) -> str:
     """A link artifact to the Ray dashboard; returns the full URL."""
     link = url if "://" in url else f"http://{url}"
-    _safely(
+    safely(
         "create the dashboard link",
         lambda: create_link_artifact(link=link, link_text="Ray dashboard", key="ray-dashboard",
                                      description="Live view of the Ray cluster: nodes, actors, logs"),
@@ -265,31 +238,20 @@ def publish_dashboard(url: str) -> str:
     return link
 
 
-#: (flow run, experiment) pairs whose report link is published.
-_LINKED: set[tuple[str, str]] = set()
+def publish_report(experiment_id: str) -> str | None:
+    """The link to the experiment's live page on the report server ``keynes serve`` started
+    (None without one: the report stage then links the written file).
 
-
-def publish_report(experiment_id: str, path: str | Path | None = None) -> str | None:
-    """The experiment's one report link artifact; returns the link (None: nothing to link yet).
-
-    With a report server (``keynes serve`` tells its flow runs where it is) the link is the
-    live page's ``http://`` address, published once per run, as soon as the run starts; without
-    one it is the written file's ``file://`` URL (it opens on the machine that ran the flow).
+    Published as the run starts, so the page can be watched while rounds land; its key is the
+    report stage's, so a run never shows two report links.
     """
     base = report_base_url()
-    slot = (_flow_run_id(), experiment_id)
-    if base:
-        link, text, what = page_url(base, experiment_id), f"Live report: {experiment_id}", "live report page (updates as rounds land)"
-    elif path is not None:
-        link, text, what = Path(path).resolve().as_uri(), Path(path).name, "report page (a file on the machine that ran the flow)"
-    else:
+    if not base:
         return None
-    if slot in _LINKED:
-        return link
-    _LINKED.add(slot)
-    _safely(
+    link = page_url(base, experiment_id)
+    safely(
         "create the report link",
-        lambda: create_link_artifact(link=link, link_text=text, key=artifact_key("report", experiment_id),
-                                     description=f"{experiment_id}: {what}"),
+        lambda: create_link_artifact(link=link, link_text=f"Live report: {experiment_id}", key=f"{artifact_key(experiment_id)}-report",
+                                     description=f"{experiment_id}: live report page (it updates as rounds land)"),
     )
     return link

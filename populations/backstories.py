@@ -9,26 +9,62 @@ that opening plus the continuation's first paragraph, cut after its last full se
 from __future__ import annotations
 
 import hashlib
-import json
 import re
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-#: Persona columns that are not attributes (never part of a backstory's key or prompt).
-NOT_ATTRIBUTES = ("agent_id", "background", "experiment_id", "own_guesses", "group")
+import engines
+from core.personas import attribute_columns
+from engines import EngineSpec
+from prompts.modes import TEMPLATE_DIR
+
+#: The engine backstories use unless the config names another: Gemma 3 270M on llama.cpp.
+DEFAULT_BACKSTORY_ENGINE = {"kind": "llamacpp"}
+
+
+class BackstoryConfig(BaseModel):
+    """LLM-written first-person backgrounds for personas (``population.backstories``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(False, description="Write a backstory for every persona (shown to agents as persona.background).")
+    engine: Any = Field(
+        default_factory=lambda: dict(DEFAULT_BACKSTORY_ENGINE),
+        description="The engine that writes them, a mapping with `kind:` like an arm's engine (default: llamacpp, Gemma 3 270M).",
+    )
+    template: str = Field("backstory.j2", description="The meta-prompt: a Jinja2 template in prompts/ or a path; variable `persona`.")
+    max_tokens: int = Field(96, gt=0, description="Token budget of one backstory.")
+    temperature: float = Field(0.8, ge=0, description="Sampling temperature.")
+    batch_size: int = Field(32, gt=0, description="Personas per engine call (the unit sent to a Ray worker).")
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine(cls, value: Any) -> Any:
+        # Validated here so that a bad engine names its field; kept as a mapping when its
+        # kind is not installed yet, so a config without backstories never needs it.
+        if value == DEFAULT_BACKSTORY_ENGINE:
+            return value
+        return engines.parse_spec(value).model_dump(mode="json")
+
+    def engine_spec(self) -> EngineSpec:
+        """The engine config (raises ValueError naming the available kinds if unknown)."""
+        return engines.parse_spec(self.engine)
+
+    def template_path(self) -> Path:
+        path = Path(self.template)
+        return path if path.is_absolute() or path.exists() else TEMPLATE_DIR / path
+
 
 _SENTENCE_END = re.compile(r"[.!?](?=[\"')\]]?(\s|$))")
 
 
-def attribute_columns(personas: pl.DataFrame) -> list[str]:
-    """The attribute columns of a personas frame (band columns included: they are derived)."""
-    return [c for c in personas.columns if c not in NOT_ATTRIBUTES]
-
-
 def attributes_json(personas: pl.DataFrame) -> pl.Series:
     """Each persona's attributes as canonical JSON (sorted keys): the persona part of the key."""
-    columns = sorted(attribute_columns(personas))
+    columns = sorted(attribute_columns(personas.columns))
     if not columns:
         return pl.Series("attributes", ["{}"] * personas.height, dtype=pl.String)
     return personas.select(pl.struct(columns).struct.json_encode().alias("attributes")).to_series()

@@ -13,6 +13,8 @@ from functools import lru_cache
 import numpy as np
 import polars as pl
 
+from core.quotas import quota_counts
+
 _FEMALE = ("f", "female", "woman", "women", "girl")
 _MALE = ("m", "male", "man", "men", "boy")
 _KINDS = ("female", "male", "any")
@@ -36,7 +38,6 @@ class NameList:
 
 
 def _name_list(values: object) -> NameList:
-    from populations.sampler import quota_counts
 
     if isinstance(values, dict):  # name → frequency weight
         names, weights = list(values), np.array(list(values.values()), dtype=np.float64)

@@ -13,25 +13,9 @@ import zlib
 import numpy as np
 import polars as pl
 
+from core.quotas import quota_counts
 from populations.names import draw_names
 from populations.spec import Categorical, Conditional, Numeric, PopulationSpec
-
-
-def quota_counts(shares: np.ndarray | list[float] | dict[str, float], n: int) -> np.ndarray:
-    """Exact counts per category: floor(share × n), the remainder to the largest fractions.
-
-    Ties go to the category listed first. ``counts.sum() == n`` always.
-    """
-    p = np.asarray(list(shares.values()) if isinstance(shares, dict) else shares, dtype=np.float64)
-    p = p / p.sum()
-    raw = p * n
-    counts = np.floor(raw).astype(np.int64)
-    left = n - int(counts.sum())
-    if left:
-        # stable sort on -fraction: equal fractions keep their spec order
-        order = np.argsort(-(raw - counts), kind="stable")
-        counts[order[:left]] += 1
-    return counts
 
 
 def attribute_rng(seed: int, attribute: str) -> np.random.Generator:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 import polars as pl
 
@@ -102,18 +101,6 @@ def _regex_to_gbnf(regex: str) -> str:
     return re.sub(r" +([)?{])", r"\1", re.sub(r" {2,}", " ", "".join(out))).strip()
 
 
-@dataclass(frozen=True)
-class Answer:
-    """A parsed answer: the number, or None with the reason it was rejected."""
-
-    value: float | None
-    error: str | None = None
-
-    @property
-    def valid(self) -> bool:
-        return self.value is not None
-
-
 def parse_answers(text: pl.Series, low: float, high: float, integer: bool = True) -> pl.DataFrame:
     """Parse answers in bulk. Returns columns ``guess`` (Float64, null when invalid),
     ``valid`` (Boolean) and ``error`` (why an answer was rejected, else null).
@@ -141,12 +128,6 @@ def parse_answers(text: pl.Series, low: float, high: float, integer: bool = True
         valid=pl.col("error").is_null(),
         error=pl.col("error"),
     )
-
-
-def parse_answer(text: str, low: float = 0, high: float = 100, integer: bool = True) -> Answer:
-    """Parse one answer (see ``parse_answers``)."""
-    row = parse_answers(pl.Series([text]), low, high, integer).row(0, named=True)
-    return Answer(row["guess"], row["error"])
 
 
 def _fmt(x: float) -> str:

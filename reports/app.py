@@ -12,17 +12,7 @@ import panel as pn
 import polars as pl
 
 from reports.data import ReportData
-from reports.figures import (
-    BarsByArm,
-    ByAttribute,
-    CompareByRound,
-    Composition,
-    Convergence,
-    RoundHistogram,
-    config_block,
-    fmt,
-    table,
-)
+from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, table
 
 HEADER_COLOR = "#2b4a6f"
 #: How many values an attribute may have and still get its own comparison figure.

@@ -24,7 +24,7 @@ def list_experiments(warehouse: Warehouse) -> pl.DataFrame:
     return warehouse.query("SELECT * FROM experiment_overview ORDER BY created_at DESC")
 
 
-def resolve(warehouse: Warehouse, experiment: str | None = None) -> list[str]:
+def experiment_ids(warehouse: Warehouse, experiment: str | None = None) -> list[str]:
     """Experiment ids to report on.
 
     Args:

@@ -16,7 +16,7 @@ from bokeh.resources import INLINE
 from panel.io.resources import CDN_DIST, DIST_DIR, set_resource_mode
 
 from reports.app import build_page
-from reports.data import ReportData, resolve
+from reports.data import ReportData, experiment_ids
 from warehouse.store import Warehouse
 
 _LINK = re.compile(r"<link\b[^>]*?href=[\"'](https?://[^\"']+)[\"'][^>]*>", re.I)
@@ -88,7 +88,7 @@ def save_html(page: pn.template.BaseTemplate, path: str | Path, title: str = "ke
     path = Path(path)
     doc = Document()
     with set_resource_mode("inline"):
-        page._init_doc(doc, title=title)
+        page.server_doc(doc, title=title)  # the public form of what panel.save does for a template
     # Stylesheets that Panel links to its CDN become inline copies of the files it ships;
     # freezing the document recomputes its model graph once instead of after every change.
     # One shared InlineStyleSheet per file keeps each stylesheet once in the page.
@@ -129,7 +129,7 @@ def write_reports(db: str | Path, out: str | Path, experiment: str | None = None
         The files written.
     """
     warehouse = Warehouse(db)
-    ids = resolve(warehouse, experiment)
+    ids = experiment_ids(warehouse, experiment)
     out = Path(out)
     written = []
     for experiment_id in ids:

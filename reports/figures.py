@@ -153,9 +153,9 @@ class Convergence(pn.viewable.Viewer):
 class CompareByRound(pn.viewable.Viewer):
     """Mean guess per round for each group (prompt mode, model or rule), with 95 % CIs."""
 
-    def __init__(self, stats: pl.DataFrame, key: str, title: str, equilibria: dict[str, float] | None = None):
+    def __init__(self, stats: pl.DataFrame, key: str, title: str):
         super().__init__()
-        self.stats, self.key, self.title, self.equilibria = stats, key, title, equilibria or {}
+        self.stats, self.key, self.title = stats, key, title
 
     def __panel__(self) -> pn.viewable.Viewable:
         groups = self.stats[self.key].unique(maintain_order=True).to_list()

@@ -1,6 +1,6 @@
-"""Tasks: one module per stage (personas, play, environment, store), the Ray worker and
-the inference engines (``tasks/engines``).
+"""Tasks: the stages of the flow, one module each (personas, play, environment, store,
+report), with their Prefect tasks and retry/caching policies on the decorators.
 
-``environment`` is plain Python; Prefect appears only in the stage task decorators and
-Ray only in ``play``. Nothing here imports ``flows``.
+``actor`` is the Ray actor of the play stage (no Prefect there: actors start fast).
+Stage logic lives in ``core`` and the domain packages; nothing here imports ``flows``.
 """

@@ -8,75 +8,67 @@ A rerun of the same experiment reads the stored personas instead of sampling aga
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import logging
-from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import polars as pl
 from prefect import task
-from prefect.cache_policies import NONE
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from prefect.cache_policies import CacheKeyFnPolicy
 
-from populations.backstories import attribute_columns, attributes_json, cache_keys, clean_backstory, template_hash
+from core.personas import attribute_columns
+from core.seeds import agent_seeds
+from engines import CompletionBatch, EngineSpec, RequestBatch, Sampling
+from populations.backstories import BackstoryConfig, attributes_json, cache_keys, clean_backstory, template_hash
 from populations.sampler import sample
 from populations.spec import PopulationSpec
-from prompts.modes import TEMPLATE_DIR
 from prompts.render import render
-from tasks import engines, progress
-from tasks.engines import CompletionBatch, EngineSpec, RequestBatch, Sampling
-from tasks.seeds import agent_seeds
+from tasks import progress
+from tasks.retries import ON_TRANSIENT_ERRORS
 from warehouse.backstories import read_backstories, write_backstories
-from warehouse.store import Warehouse
+from warehouse.store import Warehouse, WarehouseError
 
 log = logging.getLogger(__name__)
 
-#: The engine backstories use unless the config names another: Gemma 3 270M on llama.cpp.
-DEFAULT_BACKSTORY_ENGINE = {"kind": "llamacpp"}
+def personas_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
+    """The stage's cache key: experiment id (the config hash), size and warehouse.
+
+    The warehouse enters as its resolved path and the experiment's ``created_at``, so a
+    deleted or replaced file never hits an old cache entry (its personas would be missing).
+    """
+    warehouse: Warehouse = parameters["warehouse"]
+    experiment_id = parameters["experiment_id"]
+    try:
+        created = warehouse.experiment_created_at(experiment_id)
+    except (WarehouseError, duckdb.Error):
+        return None
+    if created is None:
+        return None  # not recorded yet: nothing to tie a cache entry to
+    identity = f"{warehouse.path.resolve()}|{created.isoformat()}"
+    return f"personas-{experiment_id}-{parameters['size']}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
 
 
-class Backstories(BaseModel):
-    """LLM-written first-person backgrounds for personas (``population.backstories``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = Field(False, description="Write a backstory for every persona (shown to agents as persona.background).")
-    engine: Any = Field(
-        default_factory=lambda: dict(DEFAULT_BACKSTORY_ENGINE),
-        description="The engine that writes them, a mapping with `kind:` like an arm's engine (default: llamacpp, Gemma 3 270M).",
-    )
-    template: str = Field("backstory.j2", description="The meta-prompt: a Jinja2 template in prompts/ or a path; variable `persona`.")
-    max_tokens: int = Field(96, gt=0, description="Token budget of one backstory.")
-    temperature: float = Field(0.8, ge=0, description="Sampling temperature.")
-    batch_size: int = Field(32, gt=0, description="Personas per engine call (the unit sent to a Ray worker).")
-
-    @field_validator("engine", mode="before")
-    @classmethod
-    def _engine(cls, value: Any) -> Any:
-        # Validated here so that a bad engine names its field; kept as a mapping when its
-        # kind is not installed yet, so a config without backstories never needs it.
-        if value == DEFAULT_BACKSTORY_ENGINE:
-            return value
-        return engines.parse_spec(value).model_dump(mode="json")
-
-    def engine_spec(self) -> EngineSpec:
-        """The engine config (raises ValueError naming the available kinds if unknown)."""
-        return engines.parse_spec(self.engine)
-
-    def template_path(self) -> Path:
-        path = Path(self.template)
-        return path if path.is_absolute() or path.exists() else TEMPLATE_DIR / path
-
-
-@task(name="personas", cache_policy=NONE, retries=2, retry_delay_seconds=[1, 5])
+# Cached by experiment, so a retried flow run skips it; its cached result is a small receipt
+# (the personas themselves are in the warehouse).
+@task(
+    name="personas",
+    retries=2,
+    cache_policy=CacheKeyFnPolicy(cache_key_fn=personas_cache_key),
+    cache_expiration=datetime.timedelta(days=7),
+    persist_result=True,
+    task_run_name="personas-{experiment_id}-n{size}",
+    **ON_TRANSIENT_ERRORS,
+)
 def personas_stage(
     experiment_id: str,
     spec: PopulationSpec,
     size: int,
     seed: int,
     warehouse: Warehouse,
-    backstories: Backstories | None = None,
+    backstories: BackstoryConfig | None = None,
     actors: int = 1,
     ray_address: str | None = None,
     dashboard: bool = False,
@@ -100,7 +92,7 @@ def make_personas(
     size: int,
     seed: int,
     warehouse: Warehouse,
-    backstories: Backstories | None = None,
+    backstories: BackstoryConfig | None = None,
     actors: int = 1,
     ray_address: str | None = None,
     dashboard: bool = False,
@@ -116,7 +108,7 @@ def make_personas(
     return attach_backstories(personas, backstories, seed, warehouse, actors, ray_address, dashboard)
 
 
-def population_id(spec: PopulationSpec, size: int, seed: int, backstories: Backstories | None = None) -> str:
+def population_id(spec: PopulationSpec, size: int, seed: int, backstories: BackstoryConfig | None = None) -> str:
     """The id a stand-alone population is stored under in ``personas.experiment_id``:
     the same spec, size, seed (and backstory settings) → the same id."""
     parts = [spec.model_dump_json(), str(size), str(seed)]
@@ -126,13 +118,13 @@ def population_id(spec: PopulationSpec, size: int, seed: int, backstories: Backs
     return f"population-{spec.name}-n{size}-s{seed}-{digest}"
 
 
-def backstory_requests(personas: pl.DataFrame, settings: Backstories, seed: int, model: str) -> pl.DataFrame:
+def backstory_requests(personas: pl.DataFrame, settings: BackstoryConfig, seed: int, model: str) -> pl.DataFrame:
     """One row per persona: agent_id, key, attributes (JSON), seed, prompt."""
     source = settings.template_path()
     ids = personas["agent_id"].to_numpy().astype(np.int64)
     seeds = (agent_seeds(seed, ids, "backstory") & np.uint64(0x7FFFFFFF)).astype(np.int64)
     attributes = attributes_json(personas)
-    columns = attribute_columns(personas)
+    columns = attribute_columns(personas.columns)
     frame = personas.select(pl.struct(columns).alias("persona")) if columns else pl.DataFrame({"_": [None] * personas.height})
     prompts = render(str(source), {}, frame)
     keys = cache_keys(attributes, template_hash(source.read_text()), model, seeds, settings.temperature, settings.max_tokens)
@@ -141,7 +133,7 @@ def backstory_requests(personas: pl.DataFrame, settings: Backstories, seed: int,
 
 def attach_backstories(
     personas: pl.DataFrame,
-    settings: Backstories,
+    settings: BackstoryConfig,
     seed: int,
     warehouse: Warehouse,
     actors: int = 1,
@@ -174,7 +166,7 @@ def attach_backstories(
 
 def _generate(
     missing: pl.DataFrame,
-    settings: Backstories,
+    settings: BackstoryConfig,
     spec: EngineSpec,
     warehouse: Warehouse,
     actors: int,

@@ -17,23 +17,21 @@ from typing import Any, Callable
 
 import numpy as np
 import polars as pl
-
-# Under `uv run`, Ray would start workers with `uv run` in a copy of the project: a fresh
-# environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
-# instead; set RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 to get Ray's behaviour back.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-import ray  # noqa: E402
+import ray
 from prefect import task
 from prefect.cache_policies import NONE
 
+from core.arms import Arm
+from engines import EngineSpec
+from engines.mixture import MixtureSpec, shard_index
+from prompts.context import game_context, groups_context, population_context
 from tasks import progress
-from tasks.actor import AgentWorker  # defined without Prefect so actors start fast
-from tasks.engines import EngineSpec
-from tasks.engines.mixture import MixtureSpec, shard_index
-from tasks.worker import Arm, ShardJob, ShardResult, game_context, groups_context, population_context
+from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
+from tasks.retries import ON_TRANSIENT_ERRORS
+from tasks.store import commit_shards
 from warehouse.store import Warehouse
 
-__all__ = ["Arm", "WorkerPool", "ensure_ray", "play_round", "run_pools", "shutdown_pools", "warm_pool"]
+__all__ = ["WorkerPool", "ensure_ray", "play_round", "run_pools", "shutdown_pools", "warm_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +46,16 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
     """Join a Ray cluster (``address``) or start a local Ray; idempotent.
 
     Returns what is known of the cluster: ``address`` and ``dashboard_url`` (or None).
+    A local Ray gets the machine's CPU count unless ``num_cpus`` says otherwise.
     """
     if not ray.is_initialized():
+        # Ray 2.60 turns on token authentication by default; a local Ray on this machine
+        # needs none (set RAY_AUTH_MODE yourself to keep it).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        # Under `uv run`, Ray would start workers with `uv run` in a copy of the project: a fresh
+        # environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
+        # instead; set RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 to get Ray's behaviour back.
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "logging_level": logging.WARNING}
         if address:
             kwargs["address"] = address
@@ -84,7 +89,12 @@ class WorkerPool:
         the driver with the (job, result) pairs that finished since its last call."""
         run_pools([(self, jobs)], on_done, method)
 
-    def shutdown(self) -> None:
+    def shutdown(self, close_timeout_s: float = 10.0) -> None:
+        """Close every actor's engine (briefly: a hung engine does not hold up the run), then kill it."""
+        try:
+            ray.get([actor.close.remote() for actor in self.actors], timeout=close_timeout_s)
+        except Exception as exc:  # a dead or hung actor is killed all the same
+            log.debug("closing engines: %s", exc)
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
@@ -158,7 +168,7 @@ def shutdown_pools() -> None:
     _POOLS.clear()
 
 
-@task(name="play", cache_policy=NONE, retries=2, retry_delay_seconds=[2, 10], task_run_name="play-{arm.run_id}-round-{round_}")
+@task(name="play", cache_policy=NONE, retries=3, task_run_name="play-{arm.run_id}-round-{round_}", **ON_TRANSIENT_ERRORS)
 def play_round(
     arm: Arm,
     round_: int,
@@ -171,8 +181,9 @@ def play_round(
     """Play one round of one arm: every agent whose guess is not stored yet.
 
     Shards are numbered by position in the population (agent index // shard_size), so a
-    resumed round re-plays only shards with missing agents and skips stored rows.
-    Returns counts: agents, shards played, rows written, seconds.
+    resumed round re-plays only shards with missing agents and skips stored rows. Shards
+    are committed as they finish (``tasks.store.commit_shards``), those that finish
+    together in one transaction. Returns counts: agents, shards played, rows written, seconds.
     """
     start = time.perf_counter()
     n = personas.height
@@ -201,12 +212,7 @@ def play_round(
 
     def commit(finished: list[tuple[ShardJob, ShardResult]]) -> None:
         nonlocal written
-        written += warehouse.write_shards([
-            (result.guesses,
-             {"run_id": arm.run_id, "round": round_, "shard": job.shard, "n": job.agents.height,
-              "node": result.node, "worker": result.worker, "seconds": result.seconds})
-            for job, result in finished
-        ])
+        written += commit_shards(warehouse, finished)
         bar.advance(sum(job.agents.height for job, _ in finished))
 
     if jobs:

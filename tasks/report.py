@@ -1,7 +1,8 @@
-"""Stage 5, report: build the experiment's offline report page and publish its round summary.
+"""Stage 5, report: build the experiment's offline report page and publish Prefect artifacts.
 
 A markdown artifact summarises each round of each arm (from the ``round_summary`` view);
-the flow links the page (``flows.monitor.publish_report``).
+a link artifact points at the saved HTML file (unless ``keynes serve`` runs a report server:
+then the flow links the live page instead).
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from pathlib import Path
 
 import polars as pl
 from prefect import task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NONE
 
+from reports.urls import report_base_url
+from tasks.artifacts import artifact_key, safely
 from warehouse.store import Warehouse
 
 
-def round_markdown(rounds: pl.DataFrame, experiment: str, report: Path | None = None) -> str:
+def rounds_markdown(rounds: pl.DataFrame, experiment: str, report: Path | None = None) -> str:
     """A markdown summary: one table per arm, one row per round."""
     lines = [f"# {experiment}: rounds", ""]
     if report is not None:
@@ -43,19 +46,20 @@ def _cell(value) -> str:
     return f"{value:.2f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def artifact_key(experiment_id: str) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    return "".join(c if c.isalnum() else "-" for c in experiment_id.lower()).strip("-")
-
-
 @task(name="report", cache_policy=NONE, retries=1, retry_delay_seconds=[5])
 def report_stage(db: str, experiment_id: str, out: str) -> str:
-    """Write the experiment's report page and publish its round summary; return the file path."""
+    """Write the experiment's report page and publish its artifacts (a rounds summary and
+    one link to the page); return the file path."""
     from reports.export import write_reports  # Panel loads in seconds: only when a report is built
 
     path = write_reports(db, out, experiment_id)[0]
-    rounds = Warehouse(db).query("SELECT * FROM round_summary WHERE experiment_id = ? ORDER BY arm, round", [experiment_id])
+    rounds = Warehouse(db).round_summary(experiment_id)
     key = artifact_key(experiment_id)
-    create_markdown_artifact(markdown=round_markdown(rounds, experiment_id, path), key=f"{key}-rounds",
-                             description=f"Round summary of {experiment_id}")
+    safely("create the rounds artifact", lambda: create_markdown_artifact(
+        markdown=rounds_markdown(rounds, experiment_id, path), key=f"{key}-rounds",
+        description=f"Round summary of {experiment_id}"))
+    if report_base_url() is None:  # with a report server, the flow linked the live page already
+        safely("create the report link", lambda: create_link_artifact(
+            link=path.resolve().as_uri(), link_text=f"Report: {path.name}", key=f"{key}-report",
+            description=f"Report page of {experiment_id} (a file on the machine that ran the flow)"))
     return str(path)

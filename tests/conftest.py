@@ -14,6 +14,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Local Ray workers share this interpreter: do not let Ray rebuild the `uv run` environment
 # for them in a copy of the working tree (slow, and it fails when optional extras are absent).
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# On a busy shared machine Ray's Python agents can take longer than the raylet's default
+# wait to register (the raylet then aborts); set before any test starts a Ray.
+os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
 
 from pathlib import Path
 
@@ -35,12 +38,12 @@ def prefect_api():
 
 @pytest.fixture(scope="session")
 def local_ray():
-    """A real local Ray with room for a few actors."""
+    """A real local Ray, told the machine's real CPU count (as ``keynes run`` starts it)."""
     import ray
 
     from tasks.play import ensure_ray
 
-    ensure_ray(num_cpus=4)
+    ensure_ray()
     yield ray
     ray.shutdown()
 

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import polars as pl
 
-from warehouse.store import Warehouse, _frame
-from warehouse.validation import Backstories
+from warehouse.files import frame_of
+from warehouse.store import Warehouse
+from warehouse.validation import BackstoryRows
 
 #: Column order of the backstories table (created_at is filled by DuckDB).
-BACKSTORY_COLUMNS = list(Backstories.to_schema().columns)
+BACKSTORY_COLUMNS = list(BackstoryRows.to_schema().columns)
 
 
 def read_backstories(warehouse: Warehouse, keys: pl.Series) -> pl.DataFrame:
     """The cached backstories of these keys: ``key``, ``background`` (missing keys absent)."""
     with warehouse.connect() as con:
         con.register("wanted", pl.DataFrame({"key": keys.unique()}).to_arrow())
-        frame = _frame(con, "SELECT b.key, b.background FROM backstories b JOIN wanted w USING (key)")
+        frame = frame_of(con, "SELECT b.key, b.background FROM backstories b JOIN wanted w USING (key)")
         con.unregister("wanted")
     return frame
 
@@ -30,7 +31,7 @@ def write_backstories(warehouse: Warehouse, rows: pl.DataFrame) -> int:
 
     Returns the number of new rows.
     """
-    frame = Backstories.validate(rows.select(BACKSTORY_COLUMNS), lazy=True)
+    frame = BackstoryRows.validate(rows.select(BACKSTORY_COLUMNS), lazy=True)
     columns = ", ".join(BACKSTORY_COLUMNS)
     with warehouse.transaction() as con:
         before = con.execute("SELECT count(*) FROM backstories").fetchall()[0][0]

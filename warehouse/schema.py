@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import duckdb
 
-
 #: Each entry upgrades the schema from version (index) to version (index + 1).
 MIGRATIONS: list[str] = [
-    # 0 -> 1: the tables of ARCHITECTURE.md
+    # 0 -> 1: experiments, runs, personas, guesses, shards, rounds, winners
     """
     CREATE TABLE IF NOT EXISTS experiments (
         experiment_id VARCHAR PRIMARY KEY,

@@ -1,148 +1,35 @@
-"""Reading and writing the warehouse: Arrow in, one transaction per fact group.
+"""The warehouse repository: every read and write of keynes' facts, Arrow in and out.
 
-The writer opens the DuckDB file only for the length of a commit, so readers
-(``keynes sql``, reports) can open it read-only between commits; both sides retry
-briefly when the other holds the file. Every write is keyed: writing the same shard
-or round twice changes nothing.
+One transaction per fact group; every write is keyed, so writing the same shard or
+round twice changes nothing. Connections and migrations live in ``warehouse.files``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-import time
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator
+from datetime import datetime
+from typing import Any
 
-import duckdb
 import numpy as np
 import polars as pl
 
-from warehouse.schema import SCHEMA_VERSION, SchemaError, check_schema, migrate
-from warehouse.validation import Guesses, Personas
-from warehouse.views import ensure_views, stale_views
+from warehouse.files import WarehouseError, WarehouseFile, frame_of
+from warehouse.validation import GuessRows, PersonaRows
+
+__all__ = ["GUESS_COLUMNS", "Warehouse", "WarehouseError"]
 
 #: Column order of the guesses table.
-GUESS_COLUMNS = list(Guesses.to_schema().columns)
-
-#: The oldest DuckDB release that must read a new warehouse file (the stock CLI on PyPI).
-STORAGE_COMPATIBILITY = "v1.4.0"
-
-_LOCK_MARKERS = ("Could not set lock", "Conflicting lock", "database is locked", "being used by another process")
+GUESS_COLUMNS = list(GuessRows.to_schema().columns)
 
 
-class WarehouseError(RuntimeError):
-    """The warehouse file cannot be used (missing directory, locked, not writable…)."""
-
-
-class Warehouse:
-    """A keynes DuckDB file.
+class Warehouse(WarehouseFile):
+    """A keynes DuckDB file and the queries keynes writes and reads it with.
 
     Args:
         path: the database file; its directory must exist.
         lock_timeout_s: how long to wait for another process that holds the file
             (default: ``KEYNES_LOCK_TIMEOUT_S`` or 60 s).
     """
-
-    def __init__(self, path: str | Path, lock_timeout_s: float | None = None):
-        self.path = Path(path)
-        # KEYNES_LOCK_TIMEOUT_S sets the default (tests and impatient users shorten it).
-        self.lock_timeout_s = float(os.environ.get("KEYNES_LOCK_TIMEOUT_S", 60)) if lock_timeout_s is None else lock_timeout_s
-
-    # ------------------------------------------------------------------ connections
-    @contextmanager
-    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection for one unit of work; writers get the schema migrated first."""
-        if read_only and not self.path.exists():
-            raise WarehouseError(f"{self.path}: no such warehouse (run an experiment first)")
-        if not read_only and not self.path.parent.is_dir():
-            raise WarehouseError(f"{self.path}: directory {str(self.path.parent)!r} does not exist")
-        con = self._open(read_only, deadline=time.monotonic() + self.lock_timeout_s)
-        try:
-            if not read_only:
-                try:
-                    migrate(con)
-                except SchemaError as exc:
-                    raise WarehouseError(f"{self.path}: {exc}") from None
-                ensure_views(con)
-            elif _needs_upgrade(con, self.path):
-                # An older file (or one without the current views): upgrade it once through
-                # a short write connection, then read.
-                con.close()
-                with self.connect():
-                    pass
-                con = self._open(read_only=True, deadline=time.monotonic() + self.lock_timeout_s)
-            yield con
-        finally:
-            con.close()
-
-    def check_writable(self) -> None:
-        """Fail early, writing nothing, when a run could not write this warehouse: a missing
-        or unwritable directory, a file held by another writer (after the lock timeout), a
-        file that is not a keynes warehouse or is newer than this keynes.
-
-        Raises:
-            WarehouseError: one line naming the file and the problem.
-        """
-        parent = self.path.parent
-        if not parent.is_dir():
-            raise WarehouseError(f"{self.path}: directory {str(parent)!r} does not exist")
-        try:  # os.access() says yes to root even on read-only file systems: really try
-            with tempfile.TemporaryFile(dir=parent):
-                pass
-        except OSError as exc:
-            raise WarehouseError(f"{self.path}: directory {str(parent)!r} is not writable ({exc.strerror})") from None
-        if self.path.is_dir():
-            raise WarehouseError(f"{self.path}: is a directory, not a warehouse file")
-        if self.path.exists():
-            con = self._open(read_only=False)
-            try:
-                check_schema(con)
-            except SchemaError as exc:
-                raise WarehouseError(f"{self.path}: {exc}") from None
-            finally:
-                con.close()
-
-    def _open(self, read_only: bool, deadline: float | None = None) -> duckdb.DuckDBPyConnection:
-        """Open the file, retrying while another process holds it (until ``deadline``,
-        by default the lock timeout from now)."""
-        if deadline is None:
-            deadline = time.monotonic() + self.lock_timeout_s
-        delay = 0.02
-        while True:
-            try:
-                # New files are written in a storage format DuckDB 1.4+ reads, so the stock
-                # `duckdb` CLI opens them too; existing files keep the format they have.
-                config = {} if self.path.exists() else {"storage_compatibility_version": STORAGE_COMPATIBILITY}
-                return duckdb.connect(str(self.path), read_only=read_only, config=config)
-            except duckdb.IOException as exc:
-                message = str(exc)
-                if any(m in message for m in _LOCK_MARKERS) and time.monotonic() < deadline:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.5)
-                    continue
-                if any(m in message for m in _LOCK_MARKERS):
-                    raise WarehouseError(f"{self.path}: held by another process for over {self.lock_timeout_s:g} s") from exc
-                raise WarehouseError(f"{self.path}: {message.splitlines()[0]}") from exc
-
-    @contextmanager
-    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A write connection inside one transaction (rolled back on error)."""
-        with self.connect() as con:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                yield con
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-
-    def query(self, sql: str, params: list[Any] | None = None) -> pl.DataFrame:
-        """Run a read-only query and return a polars frame."""
-        with self.connect(read_only=True) as con:
-            return _frame(con, sql, params)
 
     # ------------------------------------------------------------------ experiments and runs
     def begin_experiment(self, experiment_id: str, name: str, config: dict, config_hash: str, seed: int, population: int) -> None:
@@ -176,6 +63,37 @@ class Warehouse:
         with self.transaction() as con:
             con.execute("UPDATE runs SET status = ?, finished_at = now() WHERE run_id = ?", [status, run_id])
 
+    def experiment_created_at(self, experiment_id: str) -> datetime | None:
+        """When an experiment was first recorded (None when it is not, or the file is missing)."""
+        if not self.path.exists():
+            return None
+        rows = self.query("SELECT created_at FROM experiments WHERE experiment_id = ?", [experiment_id])
+        return rows.item(0, 0) if rows.height else None
+
+    def statuses(self, experiment_id: str) -> set[str]:
+        """The statuses of an experiment and of its runs (empty when it is not recorded)."""
+        rows = self.query(
+            "SELECT status FROM runs WHERE experiment_id = ? UNION ALL SELECT status FROM experiments WHERE experiment_id = ?",
+            [experiment_id, experiment_id],
+        )
+        return set(rows["status"].to_list())
+
+    def round_summary(self, experiment_id: str) -> pl.DataFrame:
+        """The ``round_summary`` view of one experiment, by arm and round."""
+        return self.query("SELECT * FROM round_summary WHERE experiment_id = ? ORDER BY arm, round", [experiment_id])
+
+    def worker_summary(self, experiment_id: str, since: datetime) -> pl.DataFrame:
+        """The workers that committed shards of an experiment since ``since``: node, worker,
+        engine (its model), shards, agents, busy seconds and agents/s while busy."""
+        return self.query(
+            """SELECT s.node, s.worker, r.model AS engine, count(*) AS shards, sum(s.n) AS agents,
+                      sum(s.seconds) AS busy_s, sum(s.n) / nullif(sum(s.seconds), 0) AS agents_per_s
+               FROM shards s JOIN runs r USING (run_id)
+               WHERE r.experiment_id = ? AND s.committed_at >= ?
+               GROUP BY ALL ORDER BY s.node, s.worker""",
+            [experiment_id, since],
+        )
+
     # ------------------------------------------------------------------ personas
     def write_personas(self, experiment_id: str, personas: pl.DataFrame) -> int:
         """Store an experiment's personas once (new demographic columns are added to
@@ -183,7 +101,7 @@ class Warehouse:
         frame = personas.with_columns(experiment_id=pl.lit(experiment_id))
         if "background" not in frame.columns:
             frame = frame.with_columns(background=pl.lit(None, pl.String))
-        frame = Personas.validate(frame, lazy=True)
+        frame = PersonaRows.validate(frame, lazy=True)
         with self.transaction() as con:
             existing = con.execute("SELECT count(*) FROM personas WHERE experiment_id = ?", [experiment_id]).fetchall()[0][0]
             if existing:
@@ -210,7 +128,7 @@ class Warehouse:
     def read_personas(self, experiment_id: str) -> pl.DataFrame:
         """An experiment's personas, ordered by agent id, without the experiment column."""
         with self.connect() as con:
-            frame = _frame(
+            frame = frame_of(
                 con,
                 "SELECT * EXCLUDE (experiment_id) FROM personas WHERE experiment_id = ? ORDER BY agent_id", [experiment_id]
             )
@@ -221,11 +139,7 @@ class Warehouse:
         """Agent ids whose guesses of this round are already stored."""
         with self.connect() as con:
             sql = "SELECT agent_id FROM guesses WHERE run_id = ? AND round = ?"
-            return _frame(con, sql, [run_id, round_])["agent_id"].to_numpy()
-
-    def write_shard(self, guesses: pl.DataFrame, shard: dict[str, Any]) -> int:
-        """Commit one shard's guesses and its ``shards`` row (see ``write_shards``)."""
-        return self.write_shards([(guesses, shard)])
+            return frame_of(con, sql, [run_id, round_])["agent_id"].to_numpy()
 
     def write_shards(self, shards: list[tuple[pl.DataFrame, dict[str, Any]]]) -> int:
         """Commit shards of one round — their guesses and ``shards`` rows — in one transaction.
@@ -239,7 +153,7 @@ class Warehouse:
         if not shards:
             return 0
         frame = pl.concat([g.select(GUESS_COLUMNS) for g, _ in shards], how="vertical_relaxed")
-        frame = Guesses.validate(frame, lazy=True)
+        frame = GuessRows.validate(frame, lazy=True)
         keys = {(s["run_id"], s["round"]) for _, s in shards}
         (run_id, round_) = min(keys)
         if len(keys) > 1 or frame.filter((pl.col("run_id") != run_id) | (pl.col("round") != round_)).height:
@@ -268,15 +182,21 @@ class Warehouse:
     def round_guesses(self, run_id: str, round_: int) -> pl.DataFrame:
         """The stored guesses of one round: agent_id, guess, valid."""
         with self.connect() as con:
-            return _frame(
+            return frame_of(
                 con,
                 "SELECT agent_id, guess, valid FROM guesses WHERE run_id = ? AND round = ? ORDER BY agent_id", [run_id, round_]
             )
 
-    def finished_rounds(self, run_id: str) -> list[int]:
-        """Rounds whose outcome is committed."""
-        with self.connect() as con:
-            return [r[0] for r in con.execute("SELECT round FROM rounds WHERE run_id = ? ORDER BY round", [run_id]).fetchall()]
+    def finished_rounds(self, run_ids: list[str], read_only: bool = False) -> dict[str, set[int]]:
+        """Rounds whose outcome is committed, per run (empty when the file does not exist yet)."""
+        if not self.path.exists():
+            return {}
+        with self.connect(read_only=read_only) as con:
+            frame = frame_of(con, "SELECT run_id, round FROM rounds WHERE list_contains(?, run_id)", [list(run_ids)])
+        out: dict[str, set[int]] = {}
+        for run_id, round_ in frame.iter_rows():
+            out.setdefault(run_id, set()).add(round_)
+        return out
 
     def write_outcome(self, run_id: str, round_: int, outcome: Any, seconds: float, groups: dict[str, Any] | None = None) -> bool:
         """Commit a round's outcome and winners in one transaction; False if already stored.
@@ -324,7 +244,7 @@ class Warehouse:
     def group_history(self, run_id: str, before_round: int) -> dict[str, list[dict[str, Any]]]:
         """Each group's outcomes of the rounds before ``before_round``, oldest first."""
         with self.connect() as con:
-            frame = _frame(
+            frame = frame_of(
                 con,
                 "SELECT group_name, round, n, n_valid, mean, median, target, winning_guess, n_winners FROM group_rounds "
                 "WHERE run_id = ? AND round < ? ORDER BY group_name, round",
@@ -338,7 +258,7 @@ class Warehouse:
     def history(self, run_id: str, before_round: int) -> list[dict[str, Any]]:
         """Outcomes of the rounds before ``before_round``, oldest first."""
         with self.connect() as con:
-            frame = _frame(
+            frame = frame_of(
                 con,
                 "SELECT round, n, n_valid, mean, median, target, winning_guess, n_winners FROM rounds "
                 "WHERE run_id = ? AND round < ? ORDER BY round",
@@ -349,31 +269,12 @@ class Warehouse:
     def own_guesses(self, run_id: str, before_round: int) -> pl.DataFrame:
         """Each agent's guesses in earlier rounds: agent_id, own_guesses (list, oldest first)."""
         with self.connect() as con:
-            return _frame(
+            return frame_of(
                 con,
                 "SELECT agent_id, list(guess ORDER BY round) AS own_guesses FROM guesses "
                 "WHERE run_id = ? AND round < ? GROUP BY agent_id",
                 [run_id, before_round],
             )
-
-
-def _needs_upgrade(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
-    """True when a read-only connection sees an older schema or missing/outdated views.
-
-    Raises:
-        WarehouseError: the file is not a keynes warehouse, or is newer than this keynes.
-    """
-    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
-    if "schema_version" not in tables:
-        if tables:
-            raise WarehouseError(f"{path}: not a keynes warehouse (tables {sorted(tables)[:5]}, no schema_version)")
-        raise WarehouseError(f"{path}: an empty database, not a keynes warehouse (run an experiment first)")
-    version = con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] or 0
-    if version > SCHEMA_VERSION:
-        raise WarehouseError(
-            f"{path}: the warehouse has schema version {version}, newer than this keynes ({SCHEMA_VERSION}); upgrade keynes"
-        )
-    return version < SCHEMA_VERSION or bool(stale_views(con))
 
 
 def _sql_type(dtype: pl.DataType) -> str:
@@ -384,8 +285,3 @@ def _sql_type(dtype: pl.DataType) -> str:
     if dtype == pl.Boolean:
         return "BOOLEAN"
     return "VARCHAR"
-
-
-def _frame(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = None) -> pl.DataFrame:
-    """Run a query and return a polars frame (through Arrow, without a copy)."""
-    return pl.from_arrow(con.sql(query, params=params or None).to_arrow_table())

@@ -12,7 +12,7 @@ import pandera.polars as pa
 import polars as pl
 
 
-class Guesses(pa.DataFrameModel):
+class GuessRows(pa.DataFrameModel):
     """One row per agent per round: every guess, valid or not."""
 
     run_id: str
@@ -44,7 +44,7 @@ class Guesses(pa.DataFrameModel):
         return data.lazyframe.select(pl.col("valid") | pl.col("error").is_not_null())
 
 
-class Personas(pa.DataFrameModel):
+class PersonaRows(pa.DataFrameModel):
     """One row per agent of an experiment.
 
     Demographic columns vary by population spec (one per attribute, ``<name>_band`` for
@@ -69,7 +69,7 @@ class Personas(pa.DataFrameModel):
         return data.lazyframe.select(pl.all_horizontal(pl.col(columns).is_not_null()))
 
 
-class Backstories(pa.DataFrameModel):
+class BackstoryRows(pa.DataFrameModel):
     """One cached backstory per (persona attributes, template, model, seed, sampling)."""
 
     key: str = pa.Field(unique=True, str_length={"min_value": 64, "max_value": 64})

@@ -12,12 +12,11 @@ import re
 
 import duckdb
 
+from core.personas import NOT_ATTRIBUTES
+
 #: Attributes with more distinct values than this in an experiment are not treated as
 #: categories (free text, ids, raw ages): the demographic views leave them out.
 MAX_CATEGORIES = 50
-
-#: Persona columns that are never demographic attributes.
-NON_ATTRIBUTES = ("experiment_id", "agent_id", "background")
 
 _MARK = re.compile(r"\[keynes:([0-9a-f]{12})\]")
 
@@ -174,13 +173,14 @@ def _persona_views(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, str]]
         derived = """, CASE WHEN age IS NULL THEN NULL WHEN age < 25 THEN '18–24' WHEN age < 35 THEN '25–34'
                          WHEN age < 45 THEN '35–44' WHEN age < 55 THEN '45–54' WHEN age < 65 THEN '55–64'
                          ELSE '65+' END AS age_band"""
-    excluded = ", ".join(NON_ATTRIBUTES)
+    present = [c for c in NOT_ATTRIBUTES if c in columns]
+    excluded = ", ".join(present)
     long = f"""
         SELECT experiment_id, agent_id, attribute, value FROM (
             UNPIVOT (SELECT experiment_id, agent_id, COLUMNS(* EXCLUDE ({excluded}))::VARCHAR {derived} FROM personas)
             ON COLUMNS(* EXCLUDE (experiment_id, agent_id)) INTO NAME attribute VALUE value)
         QUALIFY count(DISTINCT value) OVER (PARTITION BY experiment_id, attribute) <= {MAX_CATEGORIES}
-    """ if len(columns) > len(NON_ATTRIBUTES) else (
+    """ if len(columns) > len(present) else (
         "SELECT NULL::VARCHAR AS experiment_id, NULL::BIGINT AS agent_id, NULL::VARCHAR AS attribute, "
         "NULL::VARCHAR AS value WHERE false"
     )

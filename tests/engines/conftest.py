@@ -17,9 +17,9 @@ import pytest
 @pytest.fixture(scope="session")
 def gguf() -> Path:
     """The Gemma 3 270M GGUF, assembled from its PyPI package into the keynes cache."""
-    from tasks.engines.models import resolve
+    from engines.models import gguf_path
 
-    return resolve("gemma-3-270m")
+    return gguf_path("gemma-3-270m")
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import llama_cpp
 import pytest
 
 from prompts.answers import number_gbnf, number_regex
@@ -37,12 +36,16 @@ def test_grammar_accepts_exactly_the_allowed_answers(low, high, integer):
 @pytest.fixture(scope="module")
 def vocab(gguf):
     """Gemma's vocabulary only (no weights): enough for llama.cpp to parse a grammar."""
+    import llama_cpp
+
     llm = llama_cpp.Llama(str(gguf), vocab_only=True, verbose=False)
     yield llm._model.vocab
     llm.close()
 
 
 def parses(vocab, grammar: str) -> bool:
+    import llama_cpp
+
     sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
     if not sampler:
         return False
@@ -50,6 +53,7 @@ def parses(vocab, grammar: str) -> bool:
     return True
 
 
+@pytest.mark.llm
 @pytest.mark.parametrize("low, high, integer", RANGES)
 def test_llama_cpp_parses_the_grammar(vocab, low, high, integer):
     grammar = number_gbnf(low, high, integer)

@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import re
 
-import duckdb
 import numpy as np
 import polars as pl
 import pytest
 
+from core.game import GameRule
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
+from engines.models import ModelError
 from prompts.answers import number_regex
+from prompts.context import game_context
 from prompts.render import render
-from tasks.engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
-from tasks.engines.models import ModelError
-from tasks.environment import GameRule
-from tasks.worker import game_context
+from tests.support.sql import q
 
 pytestmark = pytest.mark.llm
 
@@ -101,10 +101,6 @@ def test_an_unknown_model_is_named():
     with pytest.raises(ModelError, match="unknown model 'gemma-7b'; available: gemma-3-270m"):
         build_engine(parse_spec({"kind": "llamacpp", "model": "gemma-7b"}))
 
-
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 def test_real_gemma_agents_play_basic_and_chain_of_thought(prefect_api, local_ray, db):

@@ -7,37 +7,39 @@ import sys
 
 import pytest
 
-from tasks.engines import models
-from tasks.engines.models import MODELS, ModelError, resolve, sha256_file
+from engines import models
+from engines.models import MODELS, ModelError, gguf_path, sha256_file
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.llm  # the model's PyPI packages come with the llamacpp extra
 
 GEMMA = MODELS["gemma-3-270m"]
 
 
 def test_assembles_once_into_the_cache_and_checks_the_digest(tmp_path, monkeypatch):
     monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
-    path = resolve("gemma-3-270m")
+    path = gguf_path("gemma-3-270m")
     assert path == tmp_path / "models" / GEMMA.filename
     assert sha256_file(path) == GEMMA.sha256
     first = path.stat().st_mtime_ns
-    assert resolve("gemma-3-270m") == path
+    assert gguf_path("gemma-3-270m") == path
     assert path.stat().st_mtime_ns == first  # the second call reuses the verified file
     assert not list((tmp_path / "models").glob("*.part"))
 
 
 def test_a_damaged_file_is_assembled_again(tmp_path, monkeypatch):
     monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
-    path = resolve("gemma-3-270m")
+    path = gguf_path("gemma-3-270m")
     with open(path, "r+b") as f:
         f.seek(1000)
         f.write(b"\0" * 64)
     with open(path, "ab") as f:
         f.write(b"junk")
-    assert sha256_file(resolve("gemma-3-270m")) == GEMMA.sha256
+    assert sha256_file(gguf_path("gemma-3-270m")) == GEMMA.sha256
 
 
 def test_concurrent_processes_assemble_one_file(tmp_path):
-    code = "from tasks.engines.models import resolve; print(resolve('gemma-3-270m'))"
+    code = "from engines.models import gguf_path; print(gguf_path('gemma-3-270m'))"
     env = {**__import__("os").environ, "KEYNES_CACHE": str(tmp_path)}
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)]
     outputs = {p.communicate(timeout=300)[0].strip() for p in procs}
@@ -51,7 +53,7 @@ def test_concurrent_processes_assemble_one_file(tmp_path):
 def test_a_gguf_path_is_used_as_is(tmp_path):
     fake = tmp_path / "my-model.gguf"
     fake.write_bytes(b"GGUF")
-    assert resolve(str(fake)) == fake
+    assert gguf_path(str(fake)) == fake
 
 
 @pytest.mark.parametrize(
@@ -63,7 +65,7 @@ def test_a_gguf_path_is_used_as_is(tmp_path):
 )
 def test_unknown_models_are_named_in_the_error(name, message):
     with pytest.raises(ModelError) as err:
-        resolve(name)
+        gguf_path(name)
     assert str(err.value) == message
 
 

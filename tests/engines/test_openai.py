@@ -10,8 +10,8 @@ import duckdb
 import numpy as np
 import pytest
 
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.answers import number_regex
-from tasks.engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from tests.engines.conftest import LlamaServer, free_port
 
 pytestmark = pytest.mark.llm

@@ -11,11 +11,11 @@ import json
 import subprocess
 import sys
 
-import duckdb
 import numpy as np
 import pytest
 
 from tests.conftest import REPO
+from tests.support.sql import q
 
 pytestmark = [
     pytest.mark.vllm,
@@ -38,14 +38,14 @@ CONFIG = {
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from tasks.engines.convert import prepare
+    from engines.convert import prepare
 
     return prepare("gemma-3-270m")
 
 
 # ----------------------------------------------------------------------------- prepare
 def test_prepare_writes_a_plain_bf16_hugging_face_folder(model_dir):
-    from tasks.engines.convert import prepare
+    from engines.convert import prepare
 
     config = json.loads((model_dir / "config.json").read_text())
     assert "quantization_config" not in config
@@ -73,7 +73,7 @@ def test_cli_prepare_prints_the_folder_and_rejects_unknown_models(model_dir):
 
 # ------------------------------------------------------------------------------ config
 def test_device_follows_the_reserved_gpus():
-    from tasks.engines import parse_spec
+    from engines import parse_spec
 
     assert parse_spec({"kind": "vllm"}).on_cuda is False
     cuda = parse_spec({"kind": "vllm", "device": "cuda", "tensor_parallel_size": 2})
@@ -87,7 +87,7 @@ def test_device_follows_the_reserved_gpus():
 # ------------------------------------------------------------------------------ engine
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from tasks.engines.vllm import VllmEngine, VllmSpec
+    from engines.vllm import VllmEngine, VllmSpec
 
     engine = VllmEngine(VllmSpec(model=str(model_dir), max_model_len=512, kv_cache_gib=0.5))
     yield engine
@@ -95,7 +95,7 @@ def engine(model_dir):
 
 
 def _batch(prompts, seeds, constraint=None, max_tokens=8, temperature=0.9):
-    from tasks.engines import RequestBatch, Sampling
+    from engines import RequestBatch, Sampling
 
     return RequestBatch(np.arange(len(prompts)), prompts, np.asarray(seeds), Sampling(temperature, max_tokens), constraint)
 
@@ -109,9 +109,10 @@ PROMPT = ("You are playing a number-guessing game with 100 players. Each player 
 def test_answers_match_the_constraint_regex_exactly(engine, low, high, integer):
     import re
 
-    from prompts.answers import parse_answers
     import polars as pl
-    from tasks.engines import Constraint
+
+    from engines import Constraint
+    from prompts.answers import parse_answers
 
     constraint = Constraint(low, high, integer)
     out = engine.generate(_batch([PROMPT] * 24, range(24), constraint))
@@ -150,10 +151,6 @@ def round_db(tmp_path_factory, prefect_api, local_ray, model_dir):
     return path, summary
 
 
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
-
 
 def test_a_real_round_on_vllm_cpu_stores_every_answer_valid(round_db):
     path, summary = round_db
@@ -182,7 +179,7 @@ def test_tokens_latency_and_reasoning_are_recorded(round_db):
 def test_a_batch_larger_than_one_step_keeps_per_request_seeds(engine):
     # 120 prompts × ~60 tokens exceed one scheduler step (4096 tokens): on CPU a split prompt
     # with a seeded generator used to fail the whole call ("CPU Generator does not use offset").
-    from tasks.engines import Constraint
+    from engines import Constraint
 
     out = engine.generate(_batch([PROMPT] * 120, range(1000, 1120), Constraint(0, 100)))
     assert out.error == [None] * 120

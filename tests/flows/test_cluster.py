@@ -10,10 +10,10 @@ import sys
 import tempfile
 import textwrap
 
-import duckdb
 import pytest
 
 from tests.conftest import REPO
+from tests.support.sql import q
 
 pytestmark = pytest.mark.slow
 
@@ -68,10 +68,6 @@ def cluster_run(tmp_path_factory, prefect_api):
     line = next(line for line in result.stdout.splitlines() if line.startswith("SUMMARY "))
     return db, json.loads(line.removeprefix("SUMMARY "))
 
-
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 def test_the_flow_joins_the_cluster_and_plays_everything(cluster_run):

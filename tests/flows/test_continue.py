@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
-import duckdb
 import pytest
 
-# On a busy shared machine Ray's Python agents can take longer than the raylet's default
-# wait to register (the raylet then aborts); set before the session's local Ray starts.
-os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
-
-from flows.config import load_config
 from flows.experiment import experiment
+from flows.loading import load_config
+from tests.support.sql import q
 
 CONFIG = {
     "name": "serial",
@@ -24,10 +18,6 @@ CONFIG = {
     "continue": True,
 }
 
-
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 def played(path):

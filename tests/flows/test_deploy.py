@@ -1,5 +1,6 @@
 """`keynes serve` against a real Prefect server: a triggered run with an override, an
-interval schedule that runs by itself, and nothing left running afterwards."""
+interval schedule that runs by itself, and nothing left running afterwards (checked when
+the module's server is stopped, so the tests may run in any order)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-import duckdb
 import httpx
 import psutil
 import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.support.sql import q
 
 pytestmark = pytest.mark.slow
 
@@ -73,10 +73,6 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 1.0):
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
-
 
 def traces(marker: str) -> list[psutil.Process]:
     """Live processes whose command line mentions ``marker`` (our Ray temp dir, our server home)."""
@@ -128,12 +124,24 @@ def served(tmp_path_factory):
         yield {"api": api, "folder": folder, "configs": configs, "serve": serve, "ray_tmp": ray_tmp, "home": home,
                "reports": f"http://127.0.0.1:{report_port}"}
     finally:
+        codes = []
         if serve is not None:
             stop(serve)
+            codes.append(serve.returncode)
         stop(server)
+        # Whatever ran (flow runs, the Ray each of them started) must be gone with serve and the
+        # server. A leftover is killed, and then fails the module here, at teardown.
+        leaked = []
         for marker in (ray_tmp, str(home)):
-            for proc in traces(marker):  # nothing of ours may outlive the test (and fail it, below)
+            deadline = time.monotonic() + 30
+            while traces(marker) and time.monotonic() < deadline:
+                time.sleep(1)
+            for proc in traces(marker):
+                leaked.append(" ".join(proc.cmdline()[:4]))
                 proc.kill()
+    # SIGTERM ends `keynes serve` cleanly: it exits by itself (0), not by the SIGKILL that follows a hang.
+    assert all(code == 0 for code in codes), f"keynes serve exited with {codes} after SIGTERM"
+    assert not leaked, f"processes outlived keynes serve and the Prefect server: {leaked}"
 
 
 def _healthy(api: str) -> bool:
@@ -227,33 +235,37 @@ def _run_artifacts(api: str, flow_run_id) -> list:
         return client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
 
 
-def _pause_ticker(api: str) -> None:
-    """Stop ticker's 5 s schedule (tested above) so its backlog does not hold the runner's one slot."""
-    from prefect.client.schemas.filters import (
-        DeploymentFilter, DeploymentFilterName, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
-    )
+@pytest.fixture(scope="module")
+def reporting(served):
+    """A second `keynes serve` against the same Prefect server, with its report server: one
+    deployment (`reporting`) on its own runner, so ticker's schedule never holds its slot."""
+    folder = served["folder"]
+    config = folder / "reporting.yaml"
+    config.write_text(yaml.safe_dump({**MANUAL, "name": "reporting", "db": str(folder / "reporting.duckdb")}))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(served["home"]), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=served["api"],
+               PREFECT_RUNNER_POLL_FREQUENCY="2", RAY_TMPDIR=served["ray_tmp"], RAY_AUTH_MODE="disabled", **SLOW_MACHINE)
+    log = open(folder / "reporting.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", str(config), "--report-port", str(port)],
+                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+    try:
+        wait_for(lambda: "reporting" in _deployments(served["api"]), 120, "the reporting deployment")
+        yield {**served, "reports": f"http://127.0.0.1:{port}", "log": folder / "reporting.log"}
+    finally:
+        stop(process)
 
-    with _client(api) as client:
-        client.pause_deployment(_deployments(api)["ticker"].id)
-        for run in client.read_flow_runs(
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["ticker"])),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"]))),
-        ):
-            client.delete_flow_run(run.id)
 
-
-def test_a_runs_artifacts_link_its_live_report_page_and_nothing_is_duplicated(served):
+def test_a_runs_artifacts_link_its_live_report_page_and_nothing_is_duplicated(reporting):
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from tests.reports.browser import Chromium
 
-    wait_for(lambda: "manual" in _deployments(served["api"]), 120, "the manual deployment")
-    _pause_ticker(served["api"])
-    with temporary_settings(updates={PREFECT_API_URL: served["api"]}):
-        run = run_deployment("experiment/manual", parameters={"overrides": ["seed=4"]}, timeout=240, poll_interval=2)
-    assert run.state.is_completed(), (run.state, (served["folder"] / "serve.log").read_text()[-3000:])
-    artifacts = _run_artifacts(served["api"], run.id)
+    with temporary_settings(updates={PREFECT_API_URL: reporting["api"]}):
+        run = run_deployment("experiment/reporting", parameters={"overrides": ["seed=4"]}, timeout=240, poll_interval=2)
+    assert run.state.is_completed(), (run.state, reporting["log"].read_text()[-3000:])
+    artifacts = _run_artifacts(reporting["api"], run.id)
     by_type: dict[str, list] = {}
     for artifact in artifacts:
         by_type.setdefault(artifact.type, []).append(artifact)
@@ -269,7 +281,7 @@ def test_a_runs_artifacts_link_its_live_report_page_and_nothing_is_duplicated(se
     links = [a for a in artifacts if a.key and a.key.startswith("report-")]
     assert len(links) == 1 and links[0].key == f"report-{experiment_id}"
     link = re.search(r"\]\((\S+)\)", links[0].data).group(1)
-    assert link.startswith(served["reports"] + "/experiment?id="), link
+    assert link.startswith(reporting["reports"] + "/experiment?id="), link
     with Chromium(allow=("127.0.0.1",)) as browser:
         load = browser.open(link, canvases=3)
         text = browser.text()
@@ -277,29 +289,19 @@ def test_a_runs_artifacts_link_its_live_report_page_and_nothing_is_duplicated(se
     assert not load.errors, load.errors
 
 
-def test_a_bad_override_from_the_ui_fails_in_one_line_without_a_traceback(served):
+def test_a_bad_override_from_the_ui_fails_in_one_line_without_a_traceback(reporting):
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    wait_for(lambda: "manual" in _deployments(served["api"]), 120, "the manual deployment")
-    _pause_ticker(served["api"])
-    with temporary_settings(updates={PREFECT_API_URL: served["api"]}):
-        run = run_deployment("experiment/manual", parameters={"overrides": ["population.size=-3"]}, timeout=240, poll_interval=2)
+    with temporary_settings(updates={PREFECT_API_URL: reporting["api"]}):
+        run = run_deployment("experiment/reporting", parameters={"overrides": ["population.size=-3"]}, timeout=240, poll_interval=2)
     expected = "population.size: -3: input should be greater than 0"
     assert run.state.is_failed() and run.state.message == expected, run.state
-    assert run.name.startswith("manual: invalid config or override, "), run.name
+    assert run.name.startswith("reporting: invalid config or override, "), run.name
     # The logs reach the API a moment after the state.
-    with _client(served["api"]) as client:
+    with _client(reporting["api"]) as client:
         logs = wait_for(lambda: (found := client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id]))))
                         and any(expected in log.message for log in found) and found, 30, "the run's logs")
     text = "\n".join(log.message for log in logs)
     assert "Traceback" not in text and "Encountered exception" not in text, text
-
-
-def test_stopping_serve_and_server_leaves_nothing_running(served):
-    serve = served["serve"]
-    stop(serve)
-    assert serve.returncode is not None
-    # Flow runs and the Ray each of them started are gone with it.
-    wait_for(lambda: not traces(served["ray_tmp"]), 30, "Ray processes of flow runs to exit")

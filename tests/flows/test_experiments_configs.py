@@ -15,15 +15,14 @@ Each config runs with ``--set``-style overrides: 5 agents, at most 2 rounds, one
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import duckdb
 import pytest
 import yaml
 
-from flows.config import load_config
 from flows.experiment import experiment
+from flows.loading import load_config
 from tests.conftest import REPO
+from tests.support.sql import q
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
 
@@ -65,10 +64,6 @@ def _cpu_engine(engine: dict) -> dict:
         return {**engine, "components": components}
     return GEMMA if engine.get("kind") in LLM_KINDS else engine
 
-
-def q(path: Path, sql: str) -> list[tuple]:
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 def test_configs_are_found():

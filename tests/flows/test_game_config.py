@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.config import ConfigError, load_config
+from flows.config import ConfigError
+from flows.loading import load_config
 
 BASE = {"name": "cfg", "population": {"spec": "education.yaml", "size": 10}}
 

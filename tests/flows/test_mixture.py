@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
-import duckdb
 import numpy as np
 import pytest
 
-from flows.config import ConfigError, load_config
+from engines.mixture import MixtureSpec, shard_index
+from flows.config import ConfigError
 from flows.experiment import experiment
-from tasks.engines.mixture import MixtureSpec, shard_index
+from flows.loading import load_config
+from tests.support.sql import q
 
 # Two simulated servers told apart by their latency: 0.05 s per wave vs instant.
 MIXTURE = {
@@ -29,10 +30,6 @@ CONFIG = {
     "workers": {"actors": 2, "shard_size": 20},
 }
 
-
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +99,10 @@ def test_bad_mixtures_are_named(override, message):
 def test_a_mixture_that_cannot_fit_the_cluster_is_refused(local_ray):
     from tasks.play import _check_resources
 
+    have = int(local_ray.cluster_resources()["CPU"])
     spec = MixtureSpec.model_validate({"components": [
-        {"fraction": 0.5, "engine": {"kind": "simulated", "num_cpus": 3}},
-        {"fraction": 0.5, "engine": {"kind": "simulated", "num_cpus": 3}},
+        {"fraction": 0.5, "engine": {"kind": "simulated", "num_cpus": have}},
+        {"fraction": 0.5, "engine": {"kind": "simulated", "num_cpus": have}},
     ]})
-    with pytest.raises(ValueError, match=r"the mixture's 2 actors need 6 CPUs at once and the Ray cluster has 4"):
+    with pytest.raises(ValueError, match=rf"the mixture's 2 actors need {2 * have} CPUs at once and the Ray cluster has {have}"):
         _check_resources([c.engine for c in spec.components], spec.actors(2))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import duckdb
 import pytest
 
 from flows.experiment import experiment
 from tests.conftest import REPO
+from tests.support.sql import q
 
 CONFIG = {
     "name": "spine",
@@ -27,10 +27,6 @@ def spine_db(tmp_path_factory, prefect_api, local_ray):
     summary = experiment(CONFIG, db=str(path))
     return path, summary
 
-
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 def test_every_agent_guesses_every_round_of_every_arm(spine_db):
@@ -115,10 +111,11 @@ def test_running_again_writes_nothing_new(spine_db, prefect_api, local_ray):
 
 
 def test_second_round_prompt_announces_the_previous_winner(spine_db):
-    from tasks.worker import game_context
-    from tasks.environment import GameRule
-    from prompts.render import render
     import polars as pl
+
+    from core.game import GameRule
+    from prompts.context import game_context
+    from prompts.render import render
 
     path, _ = spine_db
     history = [{"round": 1, "mean": 40.5, "winning_guess": 27.0, "target": 27.0}]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import shutil
 
-import duckdb
 import pytest
+
+from tests.support.sql import q
 
 
 def _has_cuda() -> bool:
@@ -47,10 +48,6 @@ def gpu_db(tmp_path_factory, prefect_api, local_ray):
     return path, experiment(CONFIG, db=str(path))
 
 
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
-
 
 def test_rounds_on_a_gpu_store_every_answer_valid(gpu_db):
     path, summary = gpu_db
@@ -63,7 +60,7 @@ def test_rounds_on_a_gpu_store_every_answer_valid(gpu_db):
 def test_the_engine_ran_on_cuda():
     import ray
 
-    from tasks.engines.vllm import VllmSpec
+    from engines.vllm import VllmSpec
 
     @ray.remote(num_gpus=1)
     def platform() -> tuple[bool, list]:

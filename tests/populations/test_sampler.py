@@ -6,8 +6,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from core.quotas import quota_counts
 from populations.names import locale_names
-from populations.sampler import quota_counts, sample
+from populations.sampler import sample
 from populations.spec import load_spec, parse_spec
 from populations.summary import expected_shares, share_report
 

@@ -19,7 +19,6 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tests.conftest import REPO
 
 GOOD = {
     "name": "bad-input",

@@ -16,11 +16,12 @@ import duckdb
 import numpy as np
 import pytest
 
+from core.seeds import agent_seeds
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.answers import number_regex
-from tasks.engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
-from tasks.seeds import agent_seeds
 from tests.engines.conftest import LlamaServer, free_port
 from tests.support.fault_proxy import FaultProxy, first
+from tests.support.sql import q
 
 pytestmark = pytest.mark.llm
 
@@ -33,9 +34,9 @@ PROMPT = (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tasks.engines.models import resolve
+    from engines.models import gguf_path
 
-    server = LlamaServer(resolve("gemma-3-270m"), free_port(), tmp_path_factory.mktemp("llama") / "server")
+    server = LlamaServer(gguf_path("gemma-3-270m"), free_port(), tmp_path_factory.mktemp("llama") / "server")
     server.start()
     yield server
     server.stop()
@@ -115,10 +116,6 @@ def faulty_round(prefect_api, local_ray, server, tmp_path_factory):
         events = list(proxy.events)
     return {"db": db, "summary": summary, "events": events, "seen": seen}
 
-
-def q(path: Path, sql: str) -> list[tuple]:
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 def guesses(path: Path) -> dict[int, dict]:

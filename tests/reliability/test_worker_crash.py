@@ -13,31 +13,34 @@ import duckdb
 import polars as pl
 import pytest
 
+from core.arms import Arm
+from core.game import GameRule
+from engines.simulated import SimulatedSpec
 from populations.sampler import sample
 from populations.spec import load_spec
-from tasks.engines.simulated import SimulatedSpec
-from tasks.environment import GameRule
-from tasks.play import Arm, play_round, pool_for, shutdown_pools
+from tasks.play import play_round, pool_for, shutdown_pools
 from warehouse.store import Warehouse
 
 N, SHARD, ACTORS = 400, 20, 2
 
 
 class CountingWarehouse(Warehouse):
-    """The real warehouse, remembering every shard commit (shard, rows new, rows sent)."""
+    """The real warehouse, remembering every commit as production makes it: one transaction
+    per batch of shards that finished together (their shard numbers, rows new, rows sent)."""
 
     def __init__(self, path):
         super().__init__(path)
-        self.commits: list[tuple[int, int, int, float]] = []
+        self.commits: list[tuple[list[int], int, int, float]] = []
 
     def write_shards(self, shards):
         arrived = time.monotonic()  # when the driver got the shards' results
-        written = 0
-        for guesses, shard in shards:  # one at a time, to count each shard's new rows
-            new = super().write_shards([(guesses, shard)])
-            self.commits.append((shard["shard"], new, guesses.height, arrived))
-            written += new
-        return written
+        new = super().write_shards(shards)
+        self.commits.append(([shard["shard"] for _, shard in shards], new, sum(g.height for g, _ in shards), arrived))
+        return new
+
+    @property
+    def shards_committed(self) -> int:
+        return sum(len(shards) for shards, _, _, _ in self.commits)
 
 
 @pytest.mark.parametrize("how", ["ray.kill", "sigkill"])
@@ -57,9 +60,9 @@ def test_actor_killed_mid_round_loses_and_duplicates_nothing(how, db, local_ray)
 
     def kill_when_three_shards_are_committed() -> None:
         deadline = time.monotonic() + 60
-        while len(warehouse.commits) < 3 and time.monotonic() < deadline:
+        while warehouse.shards_committed < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
-        killed["after_commits"] = len(warehouse.commits)
+        killed["after_commits"] = warehouse.shards_committed
         killed["at"] = time.monotonic()
         if how == "ray.kill":
             ray.kill(victim, no_restart=False)
@@ -79,9 +82,9 @@ def test_actor_killed_mid_round_loses_and_duplicates_nothing(how, db, local_ray)
     assert 3 <= killed["after_commits"] < N // SHARD
     assert after[0]["pid"] != victim_pid and after[1]["pid"] == before[1]["pid"]
     # Every shard committed exactly once, each with all of its agents: nothing redone.
-    shards = [c[0] for c in warehouse.commits]
+    shards = [shard for batch, _, _, _ in warehouse.commits for shard in batch]
     assert sorted(shards) == list(range(N // SHARD))
-    assert all(new == sent == SHARD for _, new, sent, _ in warehouse.commits)
+    assert all(new == sent == SHARD * len(batch) for batch, new, sent, _ in warehouse.commits)
     assert played["written"] == N and played["shards"] == N // SHARD
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("select count(*), count(distinct agent_id), count(*) filter (where valid) from guesses").fetchall()
@@ -93,7 +96,7 @@ def test_actor_killed_mid_round_loses_and_duplicates_nothing(how, db, local_ray)
     new_worker = after[0]["worker"]
     assert new_worker in set(workers["worker"])
     # Results that arrive well after the kill all come from live processes.
-    late = [s for s, _, _, t in warehouse.commits if t > killed["at"] + 1.0]
+    late = [shard for batch, _, _, t in warehouse.commits if t > killed["at"] + 1.0 for shard in batch]
     assert late
     late_workers = set(workers.filter(pl.col("shard").is_in(late))["worker"])
     assert victim_worker not in late_workers

@@ -19,9 +19,8 @@ from flows.experiment import experiment
 from tests.conftest import REPO
 from tests.reports.browser import CHROMIUM, Chromium
 
-# Start our own local Ray even when other Ray clusters run on this machine (ray.init
-# would otherwise join the newest of them).
-os.environ.setdefault("RAY_ADDRESS", "local")
+pytestmark = pytest.mark.llm  # the quickstart's agents are the real Gemma 3 270M
+
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,12 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 import ray
 from ray.cluster_utils import Cluster
 
+from core.arms import Arm
+from core.game import GameRule
+from engines.simulated import SimulatedSpec
 from populations.sampler import sample
 from populations.spec import load_spec
-from tasks.engines.simulated import SimulatedSpec
-from tasks.environment import GameRule
-from tasks.play import Arm, play_round, pool_for, shutdown_pools
+from tasks.play import play_round, pool_for, shutdown_pools
 from warehouse.store import Warehouse
 
 N, SHARD, ACTORS = 400, 20, 2

@@ -3,35 +3,27 @@ shown to agents; the flow end to end with a population that has backgrounds."""
 
 from __future__ import annotations
 
-import os
+import shutil
 
-# Ray workers share this environment instead of building one per job with `uv run`
-# (main's tasks/play.py sets the same default once the llm branch has landed).
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-
-import duckdb  # noqa: E402
 import polars as pl
 import pytest
 
-from populations.backstories import clean_backstory
+from core.game import GameRule
+from populations.backstories import BackstoryConfig, clean_backstory
 from populations.sampler import sample
 from populations.spec import load_spec
+from prompts.context import agent_variables, game_context
 from prompts.render import render
-from tasks.environment import GameRule
-from tasks.personas import Backstories, attach_backstories, backstory_requests
-from tasks.worker import _template_frame, game_context
+from tasks.personas import attach_backstories, backstory_requests
 from tests.conftest import REPO
+from tests.support.sql import q
 from warehouse.backstories import count_backstories
 from warehouse.store import Warehouse
 
 BACKGROUND_TEMPLATE = REPO / "tests/tasks/background.j2"
 OPENING_TEMPLATE = REPO / "tests/tasks/occupation_backstory.j2"
-SIMULATED = Backstories(enabled=True, engine={"kind": "simulated"}, batch_size=4)
+SIMULATED = BackstoryConfig(enabled=True, engine={"kind": "simulated"}, batch_size=4)
 
-
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +58,9 @@ def test_a_second_run_reuses_every_backstory_and_generates_none(first_run):
 
 
 def test_a_changed_meta_prompt_writes_new_backstories(first_run, tmp_path):
-    warehouse, personas, frame, _ = first_run
+    shared, personas, frame, _ = first_run
+    # A copy of the module's warehouse: the other tests count its backstories, in any order.
+    warehouse = Warehouse(shutil.copy(shared.path, tmp_path / "copy.duckdb"))
     template = tmp_path / "terse.j2"
     template.write_text("Profile: {{ persona.education }}, {{ persona.age }}.\nI am")
     terse = SIMULATED.model_copy(update={"template": str(template)})
@@ -88,7 +82,7 @@ def test_cache_keys_follow_attributes_seed_and_model(first_run):
 def test_the_rendered_prompt_shows_the_backstory(first_run):
     _, _, frame, _ = first_run
     shared = {"game": game_context(GameRule(), 10), "round": 1, "history": []}
-    prompts = render(str(BACKGROUND_TEMPLATE), shared, _template_frame(frame))
+    prompts = render(str(BACKGROUND_TEMPLATE), shared, agent_variables(frame))
     for prompt, background in zip(prompts, frame["background"]):
         assert f"About you: {background}\n" in prompt
 
@@ -157,9 +151,11 @@ def test_agents_prompts_contain_their_backstory(flow_db):
     assert rows[0][0] == 1 and rows[0][1] > 1
 
 
-def test_another_experiment_over_the_same_population_reuses_the_backstories(flow_db, prefect_api, local_ray):
+def test_another_experiment_over_the_same_population_reuses_the_backstories(flow_db, prefect_api, local_ray, tmp_path):
     from flows.experiment import experiment
 
+    # A copy of the module's warehouse: the other tests count its rows, in any order.
+    flow_db = shutil.copy(flow_db, tmp_path / "copy.duckdb")
     other = {**CONFIG, "name": "backgrounds-again"}
     experiment(other, db=str(flow_db))
     assert q(flow_db, "select count(distinct experiment_id), count(*) from personas") == [(2, 24)]
@@ -211,7 +207,7 @@ def test_cli_unknown_backstory_engine_exits_2(tmp_path):
 def test_gemma_writes_backstories_that_are_stored_reused_and_shown(tmp_path, local_ray):
     warehouse = Warehouse(tmp_path / "keynes.duckdb")
     personas = sample(load_spec("adults.yaml"), 6, seed=5)
-    settings = Backstories(enabled=True, max_tokens=48, batch_size=3)  # the default engine
+    settings = BackstoryConfig(enabled=True, max_tokens=48, batch_size=3)  # the default engine
     assert settings.engine_spec().kind == "llamacpp" and settings.engine_spec().model_name == "gemma-3-270m"
 
     frame, counts = attach_backstories(personas, settings, 5, warehouse, actors=1)
@@ -230,6 +226,6 @@ def test_gemma_writes_backstories_that_are_stored_reused_and_shown(tmp_path, loc
     assert q(warehouse.path, "select count(*) from backstories") == [(6,)]
 
     shared = {"game": game_context(GameRule(), 6), "round": 1, "history": []}
-    prompts = render(str(BACKGROUND_TEMPLATE), shared, _template_frame(frame))
+    prompts = render(str(BACKGROUND_TEMPLATE), shared, agent_variables(frame))
     for prompt, background in zip(prompts, frame["background"]):
         assert f"About you: {background}\n" in prompt

@@ -11,8 +11,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from core.game import GameRule, outcome
 from prompts.answers import parse_answers
-from tasks.environment import GameRule, outcome
 from warehouse.store import Warehouse
 
 EXPERIMENT = "views-0001"
@@ -71,7 +71,7 @@ def fill(path) -> Warehouse:
                 "prompt_tokens": rng.integers(50, 120, N), "completion_tokens": rng.integers(1, 40, N),
                 "latency_s": rng.gamma(2.0, 0.1, N), "attempts": rng.choice([1, 1, 1, 2], N), "error": parsed["error"],
             })
-            wh.write_shard(guesses, {"run_id": run_id, "round": round_, "shard": 0, "n": N, "node": "local", "worker": "w", "seconds": 0.5})
+            wh.write_shards([(guesses, {"run_id": run_id, "round": round_, "shard": 0, "n": N, "node": "local", "worker": "w", "seconds": 0.5})])
             result = outcome(guesses.select("agent_id", "guess", "valid"), rule)
             wh.write_outcome(run_id, round_, result, 1.25)
             centre = result.target

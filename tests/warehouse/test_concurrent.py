@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
 
 SIZE, ROUNDS, SHARD = 6000, 3, 200
 

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.warehouse.conftest import EXPERIMENT, N, ROUNDS
+from tests.warehouse.conftest import EXPERIMENT, ROUNDS, N
 
 KEY = ["run_id", "round"]
 

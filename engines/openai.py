@@ -19,8 +19,8 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
+from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
 from prompts.answers import number_gbnf
-from tasks.engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
 
 #: Status codes worth retrying: rate limits and server-side failures.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})

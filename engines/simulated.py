@@ -16,9 +16,9 @@ import numpy as np
 import polars as pl
 from pydantic import Field, field_validator
 
-from tasks.engines import CompletionBatch, EngineSpec, RequestBatch, register
-from tasks.environment import GameRule
-from tasks.seeds import splitmix64, uniform01
+from core.game import GameRule
+from core.seeds import splitmix64, uniform01
+from engines import CompletionBatch, EngineSpec, RequestBatch, register
 
 #: Independent random streams drawn from one per-request seed.
 _STREAM_LEVEL = np.uint64(0x5EED_1E7E_1000_0001)

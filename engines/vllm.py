@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from tasks.engines import CompletionBatch, EngineSpec, RequestBatch, register
+from engines import CompletionBatch, EngineSpec, RequestBatch, register
 
 
 class VllmSpec(EngineSpec):
@@ -103,10 +103,10 @@ class VllmEngine:
         if llm is None:
             from vllm import LLM
 
-            from tasks.engines.convert import resolve
+            from engines.convert import vllm_model
 
             start = time.perf_counter()
-            llm = LLM(**spec.llm_kwargs(resolve(spec.model)))
+            llm = LLM(**spec.llm_kwargs(vllm_model(spec.model)))
             self.load_s = time.perf_counter() - start
         self.llm = llm
 

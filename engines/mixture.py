@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tasks import engines
-from tasks.seeds import agent_seeds
+import engines
+from core.quotas import quota_counts
+from core.seeds import agent_seeds
 
 
 def _engine_union() -> Any:
@@ -70,11 +71,7 @@ class MixtureSpec(BaseModel):
 
     def counts(self, n: int) -> np.ndarray:
         """Agents per component: fraction × n, rounded by largest remainder (sums to n)."""
-        exact = np.array([c.fraction for c in self.components]) * n
-        counts = np.floor(exact).astype(np.int64)
-        order = np.argsort(-(exact - counts), kind="stable")
-        counts[order[: n - int(counts.sum())]] += 1
-        return counts
+        return quota_counts([c.fraction for c in self.components], n)
 
     def assign(self, agent_ids: np.ndarray, seed: int) -> np.ndarray:
         """The component index of each agent: quota counts, agents in a seeded random order.

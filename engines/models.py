@@ -67,7 +67,7 @@ def is_path(model: str) -> bool:
     return model not in MODELS and (model.endswith(".gguf") or os.sep in model)
 
 
-def resolve(model: str) -> Path:
+def gguf_path(model: str) -> Path:
     """The local GGUF file of a model name or path, assembling a named model if needed.
 
     Args:

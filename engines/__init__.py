@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from tasks.environment import GameRule
+    from core.game import GameRule
 
 
 # --------------------------------------------------------------------------- requests
@@ -192,12 +192,9 @@ def register(kind: str, spec: type[EngineSpec], build: Callable[[Any], Engine]) 
 
 
 def _load_all() -> None:
+    """Import every engine module (each registers itself); none imports its heavy library."""
     for name in _MODULES:
-        try:
-            importlib.import_module(f"tasks.engines.{name}")
-        except ModuleNotFoundError as exc:  # an engine module not written yet
-            if exc.name != f"tasks.engines.{name}":
-                raise
+        importlib.import_module(f"engines.{name}")
 
 
 def available() -> list[str]:

@@ -1,0 +1,65 @@
+"""Template variables of a round: the game, the population, the groups, each agent's own.
+
+Shared variables (``game``, ``population``, ``groups``, ``round``, ``history``) are the same
+for a whole shard; ``agent_variables`` gives the per-agent ones as a frame, so prompts are
+rendered once per distinct context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from core.game import GameRule
+from core.personas import PLAY_COLUMNS, attribute_columns, persona_columns
+
+#: Attributes with more distinct values than this (ages, names) are not listed in prompts.
+MAX_COMPOSITION_VALUES = 20
+
+
+def agent_variables(agents: pl.DataFrame) -> pl.DataFrame:
+    """The per-agent template variables: ``persona`` (a struct of attributes) and history."""
+    attributes = persona_columns(agents.columns)
+    columns = []
+    if attributes:
+        columns.append(pl.struct(attributes).alias("persona"))
+    columns += [pl.col(c) for c in PLAY_COLUMNS if c in agents.columns]
+    if not columns:
+        return pl.DataFrame({"_": [None] * agents.height})
+    return agents.select(columns)
+
+
+def population_context(personas: pl.DataFrame) -> dict[str, Any]:
+    """The ``population`` template variable: the number of players and, for each
+    categorical attribute, the count of each value (largest first), e.g. education →
+    [{value: "High School", count: "200"}, …]."""
+    attributes: dict[str, list[dict[str, str]]] = {}
+    for name in attribute_columns(personas.columns):
+        if personas.schema[name] not in (pl.String, pl.Categorical, pl.Enum, pl.Boolean):
+            continue
+        counts = personas[name].drop_nulls().value_counts(sort=True, name="count")
+        if 0 < counts.height <= MAX_COMPOSITION_VALUES:
+            ordered = counts.sort(["count", name], descending=[True, False])
+            attributes[name] = [{"value": str(v), "count": f"{c:,}"} for v, c in ordered.iter_rows()]
+    return {"n": f"{personas.height:,}", "attributes": attributes}
+
+
+def groups_context(personas: pl.DataFrame, history: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The ``groups`` template variable: group → {n: its players, history: its earlier rounds}."""
+    sizes = personas.group_by("group").len()
+    return {g: {"n": f"{n:,}", "history": history.get(g, [])} for g, n in sizes.iter_rows()}
+
+
+def game_context(rule: GameRule, n_players: int) -> dict[str, Any]:
+    """The ``game`` template variable: the rule with numbers formatted for people."""
+    return {
+        "n_players": f"{n_players:,}",
+        "low": f"{rule.low:g}",
+        "high": f"{rule.high:g}",
+        "ratio": rule.ratio,
+        "offset": f"{rule.offset:g}",
+        "describe": rule.describe(),
+        "integer": rule.integer,
+        "rounds": rule.rounds,
+    }

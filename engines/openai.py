@@ -52,6 +52,8 @@ class OpenAISpec(EngineSpec):
     num_cpus: float = Field(0.25, ge=0, description="CPUs reserved for each Ray actor (an HTTP client needs little).")
     requests_per_minute: float | None = Field(None, gt=0, description="At most this many requests per minute across all actors of this engine (a hosted API's limit); none = no limit. Spread evenly: rpm/60 per second.")
     tokens_per_minute: float | None = Field(None, gt=0, description="At most this many tokens (prompt + completion) per minute across all actors; a request counts ~4 characters per prompt token plus max_tokens until the server reports its usage.")
+    prompt_price_per_million: float | None = Field(None, ge=0, description="Price of a million prompt tokens (any currency), for `keynes plan`'s cost estimate.")
+    completion_price_per_million: float | None = Field(None, ge=0, description="Price of a million completion tokens (same currency), for `keynes plan`.")
     max_retry_after_s: float = Field(120.0, ge=0, description="Longest Retry-After a 429/503 answer may impose (every actor waits it out before sending again).")
 
     @property

@@ -110,6 +110,59 @@ def run(
 
 
 @app.command()
+def plan(
+    config: Annotated[Path, typer.Argument(help="The experiment config (YAML).")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field: dotted.key=value (repeatable).")] = None,
+    sample_: Annotated[int, typer.Option("--sample", min=1, help="Agents whose prompts are rendered and counted.")] = 24,
+    calibrate: Annotated[int, typer.Option("--calibrate", min=0, help="Agents that play round 1 on the configured engine to time it (0: none; openai engines send real requests).")] = 3,
+    calls_per_second: Annotated[Optional[float], typer.Option("--calls-per-second", min=0, help="Your own throughput figure (LLM calls per second for the whole run) instead of the calibration's.")] = None,
+    format_: Annotated[str, typer.Option("--format", help="Output format: table or json.")] = "table",
+) -> None:
+    """Estimate an experiment before running it: calls, tokens, time and cost per arm. Writes nothing.
+
+    Example: keynes plan experiments/quickstart.yaml --set population.size=1000
+    """
+    from flows.config import ConfigError
+    from flows.loading import load_config
+
+    if format_ not in ("table", "json"):
+        fail(f"--format: {format_!r} is not one of table, json")
+    try:
+        cfg = load_config(config, list(set_ or []))
+    except ConfigError as exc:
+        fail(str(exc))
+    from flows.plan import plan as make_plan
+
+    plans = make_plan(cfg, sample_, calibrate, calls_per_second, say=lambda text: console.print(text, highlight=False))
+    rows = [p.row() for p in plans]
+    if format_ == "json":
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return
+    table = Table(show_header=True, header_style="bold", title=f"{cfg.name} ({cfg.experiment_id}): {cfg.population.size:,} agents, nothing run yet")
+    for column in ("arm", "engine / model", "prompt", "calls", "prompt tokens", "completion tokens", "time", "cost", "basis"):
+        table.add_column(column, justify="right" if column in ("calls", "prompt tokens", "completion tokens", "time", "cost") else "left")
+
+    def num(value) -> str:
+        return "–" if value is None else f"{value:,}"
+
+    def duration(seconds) -> str:
+        if seconds is None:
+            return "–"
+        minutes, rest = divmod(seconds, 60)
+        hours, minutes = divmod(minutes, 60)
+        return f"{int(hours)} h {int(minutes)} min" if hours else f"{int(minutes)} min {rest:.0f} s" if minutes else f"{rest:.1f} s"
+
+    for r in rows:
+        table.add_row(str(r["arm"]), f"{r['engine']} / {r['model']}", r["prompt_mode"], num(r["calls"]), num(r["prompt_tokens"]),
+                      num(r["completion_tokens"]), duration(r["seconds"]), "–" if r["cost"] is None else f"{r['cost']:,.4f}", r["basis"])
+    total = lambda key: None if any(r[key] is None for r in rows) else sum(r[key] for r in rows)  # noqa: E731
+    cost = total("cost")
+    table.add_row("all", "", "", num(total("calls")), num(total("prompt_tokens")), num(total("completion_tokens")),
+                  duration(total("seconds")), "–" if cost is None else f"{cost:,.4f}", "arms run one after another", style="bold")
+    out.print(table)
+
+
+@app.command()
 def serve(
     configs: Annotated[list[Path], typer.Argument(help="Experiment configs (YAML): one deployment each.")],
     db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse of every deployment (default: each config's `db`).")] = None,

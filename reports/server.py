@@ -189,7 +189,15 @@ def serve_reports(
 
 
 def start_in_background(dbs: list[str | Path], host: str, port: int) -> str:
-    """Start the report server on a thread of this process; return its public base URL."""
-    serve_reports(dbs, host=host, port=port, threaded=True)
+    """Start the report server on a daemon thread of this process (it ends with the process,
+    never holding up its exit); return its public base URL."""
+    import asyncio
+    import threading
+
+    def run() -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        serve_reports(dbs, host=host, port=port)
+
+    threading.Thread(target=run, name="keynes-reports", daemon=True).start()
     return public_url(host, port)
 

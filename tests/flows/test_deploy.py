@@ -278,8 +278,8 @@ def test_a_runs_artifacts_link_its_live_report_page_and_nothing_is_duplicated(re
     keys = [a.key for a in artifacts if a.key]
     assert len(keys) == len(set(keys)), keys
     # Prefect keeps a link artifact as a markdown link: [text](url).
-    links = [a for a in artifacts if a.key and a.key.startswith("report-")]
-    assert len(links) == 1 and links[0].key == f"report-{experiment_id}"
+    links = [a for a in artifacts if a.key and a.key.endswith("-report")]
+    assert len(links) == 1 and links[0].key == f"{experiment_id}-report"
     link = re.search(r"\]\((\S+)\)", links[0].data).group(1)
     assert link.startswith(reporting["reports"] + "/experiment?id="), link
     with Chromium(allow=("127.0.0.1",)) as browser:

@@ -27,6 +27,18 @@ console = Console(stderr=True)
 out = Console()
 
 
+@app.callback()
+def main_options(
+    verbose: Annotated[bool, typer.Option("--verbose", help="Also show the libraries' own output: llama.cpp's loading lines, Prefect's INFO logs.")] = False,
+) -> None:
+    """keynes: very large p-beauty-contest simulations with LLM agents."""
+    if verbose:
+        # Read where the libraries start (Prefect at import, llama.cpp in each Ray actor).
+        os.environ["KEYNES_VERBOSE"] = "1"
+        if not _LOG_LEVEL_CHOSEN:
+            os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
+
+
 def fail(message: str) -> None:
     """Print one line and exit with status 2."""
     console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)

@@ -114,9 +114,11 @@ class Counter:
         if llm is None and spec.kind == "llamacpp":
             from llama_cpp import Llama
 
-            from engines.models import resolve
+            from engines.llamacpp import quiet
+            from engines.models import gguf_path
 
-            llm = Llama(model_path=str(resolve(spec.model)), vocab_only=True, verbose=False)  # the vocabulary only: ~0.1 s
+            with quiet():  # the vocabulary only: ~0.1 s
+                llm = Llama(model_path=str(gguf_path(spec.model)), vocab_only=True, verbose=False)
         if llm is not None and hasattr(llm, "tokenize"):
             self._count = lambda text: len(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
             return

@@ -8,6 +8,7 @@ exceptions are bugs and keep Prefect's usual handling, traceback included.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable
 
 from prefect import get_run_logger
@@ -18,6 +19,22 @@ from warehouse.store import WarehouseError
 
 #: Errors whose message is the whole story (each names the field or file and the value).
 INPUT_ERRORS: tuple[type[Exception], ...] = (ConfigError, WarehouseError)
+
+
+class _NoInputTracebacks(logging.Filter):
+    """Drops Prefect's "exited with unexpected exception" records (and their tracebacks) when
+    the exception is an input error: the run already failed with its one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, INPUT_ERRORS)
+
+
+# A deployment's flow run runs in `python -m prefect.engine`, which raises the Failed state's
+# exception once more and logs it with a traceback twice: on the flow run's logger (sent to the
+# API) and on the engine's.
+for _name in ("prefect.flow_runs", "prefect.engine"):
+    logging.getLogger(_name).addFilter(_NoInputTracebacks())
 
 
 def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:

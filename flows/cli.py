@@ -388,6 +388,9 @@ def report(
             from reports.server import serve_reports
             from reports.urls import page_url, public_url
 
+            problem = port_taken(host, port)
+            if problem:
+                fail(f"--port: {problem}")
             base = public_url(host, port)
             console.print(f"serving every experiment of {db} on {base}/ (Ctrl-C stops)", highlight=False)
             if experiment:

@@ -119,6 +119,17 @@ def read_chat_template(path: Path) -> ChatTemplate | None:
         llm.close()  # type: ignore[attr-defined]
 
 
+def quiet() -> Any:
+    """A context that silences what llama.cpp's C code prints while a model loads (unless
+    ``KEYNES_VERBOSE=1``): ``verbose=False`` still lets lines such as ``llama_kv_cache_iswa:
+    using full-size SWA cache`` through, once from every actor. Load errors still raise."""
+    import os
+
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    return suppress_stdout_stderr(disable=os.environ.get("KEYNES_VERBOSE") == "1")
+
+
 class LlamaCppEngine:
     """Completes requests one by one on a llama-cpp-python model, seeded per request."""
 
@@ -131,15 +142,16 @@ class LlamaCppEngine:
         self.model = spec.model_name
         self.path = gguf_path(spec.model)
         threads = spec.n_threads or max(1, int(spec.num_cpus))
-        self.llm = Llama(
-            model_path=str(self.path),
-            n_ctx=spec.n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_batch=spec.n_batch,
-            seed=0,
-            verbose=False,
-        )
+        with quiet():
+            self.llm = Llama(
+                model_path=str(self.path),
+                n_ctx=spec.n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_batch=spec.n_batch,
+                seed=0,
+                verbose=False,
+            )
         self.chat_template = chat_template(self.llm)
         self.prompt_format = prompt_format(spec.model, spec.prompt_format, self.chat_template is not None)
         self._grammars: dict[Constraint, object] = {}

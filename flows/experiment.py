@@ -20,6 +20,7 @@ from prefect.states import Completed
 from core.arms import Arm, check_prompt_inputs
 from flows import monitor
 from flows.config import ConfigError, ExperimentConfig
+from flows.failures import one_line_failures
 from flows.loading import load_config
 from tasks import progress
 from tasks.environment import environment, group_environments
@@ -99,8 +100,12 @@ def _flow_run_name() -> str:
     try:
         db = params.get("db")
         cfg = load_config(source, list(params.get("overrides") or []) + ([f"db={db}"] if db else []))
-    except Exception:
-        return f"{fallback}-{time.strftime('%Y%m%d-%H%M%S')}"
+    except Exception:  # the run fails with the reason; its name still says what it was
+        try:
+            fallback = load_config(source, []).name
+        except Exception:
+            pass
+        return f"{fallback}: invalid config or override, {time.strftime('%Y-%m-%d %H:%M:%S')}"
     arms = cfg.arms_list()
     head = f"{cfg.experiment_id}: {cfg.population.size:,} agents × {len(arms)} arm(s)"
     if not cfg.continue_:
@@ -114,6 +119,7 @@ def _flow_run_name() -> str:
 
 
 @flow(name="experiment", flow_run_name=_flow_run_name, log_prints=True)
+@one_line_failures
 def experiment(config: str | dict, overrides: list[str] | None = None, db: str | None = None) -> dict[str, Any]:
     """Run (or resume) an experiment.
 
@@ -147,7 +153,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             f"are in {cfg.db}; nothing to play"
         )
         logger.info(message)
-        summary["complete"] = True
+        summary["complete"], summary["message"] = True, message
         return Completed(message=message, data=summary)  # type: ignore[return-value]
 
     prompting = check_prompting(cfg, arms)
@@ -180,6 +186,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             summary["dashboard_url"] = ray_info["dashboard_url"]
         for arm in arms:
             warehouse.begin_run(run_row(cfg, arm, prompting[arm.run_id]))
+        monitor.publish_report(cfg.experiment_id)  # the live page, when a report server runs
         since = datetime.now(timezone.utc)
         # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
         with progress.reporting(monitor.Fanout(progress.current(), monitor.ArtifactProgress())):

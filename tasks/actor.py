@@ -71,6 +71,7 @@ class ShardResult(_ArrowPickled):
     node: str
     worker: str
     seconds: float
+    limit_wait_s: float = 0.0  # of the engine's requests, waiting on rate limits (summed over requests)
 
     _frame_field = "guesses"
 
@@ -85,6 +86,7 @@ class ShardPlayer:
 
     def play(self, job: ShardJob, node: str = "local") -> ShardResult:
         start = time.perf_counter()
+        waited = getattr(self.engine, "limit_wait_s", 0.0)  # engines with rate limits count their waits
         arm, rule = job.arm, job.arm.rule
         agents = job.agents
         ids = agents["agent_id"].to_numpy().astype(np.int64)
@@ -144,7 +146,8 @@ class ShardPlayer:
         guesses = guesses.with_columns(
             valid=pl.col("valid") & pl.col("engine_error").is_null(),
         ).with_columns(guess=pl.when(pl.col("valid")).then(pl.col("guess"))).drop("engine_error")
-        return ShardResult(guesses, node, self.worker, time.perf_counter() - start)
+        return ShardResult(guesses, node, self.worker, time.perf_counter() - start,
+                           getattr(self.engine, "limit_wait_s", 0.0) - waited)
 
     def close(self) -> None:
         """Release the engine (its model and connections)."""

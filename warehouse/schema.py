@@ -196,6 +196,11 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE runs ADD COLUMN IF NOT EXISTS prompting JSON;
     """,
+    # 5 -> 6: seconds each shard's requests waited on the engine's rate limits (openai engine's
+    # requests_per_minute / tokens_per_minute); 0 for engines without limits
+    """
+    ALTER TABLE shards ADD COLUMN IF NOT EXISTS limit_wait_s DOUBLE DEFAULT 0;
+    """,
 ]
 
 

@@ -42,19 +42,44 @@ class Constraint:
     @property
     def regex(self) -> str:
         """A regular expression matching exactly the allowed answers (integers only
-        when ``integer``; otherwise up to two decimals)."""
+        when ``integer``; otherwise up to two decimals), after one optional space: the
+        language of llama.cpp's grammar (``number_gbnf``), the same on every engine, so
+        that a prompt ending in a colon continues with its most natural token."""
         from prompts.answers import number_regex
 
-        return number_regex(self.low, self.high, self.integer)
+        return " ?" + number_regex(self.low, self.high, self.integer)
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters shared by every request of a batch."""
+    """Sampling parameters shared by every request of a batch, the same on every engine.
+
+    The knobs besides ``temperature`` and ``max_tokens`` come from the arm
+    (``arms.sampling``, ``SamplingSettings``); their defaults are llama.cpp's, which keep a
+    small base model from looping. ``engines.exact.Chain`` documents the order in
+    which they apply.
+    """
 
     temperature: float = 0.7
     max_tokens: int = 8
     top_p: float = 1.0
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+
+
+class SamplingSettings(BaseModel):
+    """``arms.sampling``: the sampling chain of every arm, on every engine (temperature: ``arms.temperatures``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: the smallest set of tokens with this much probability (1 = off).")
+    top_k: int = Field(40, ge=0, description="Only the k likeliest tokens (0 = off).")
+    min_p: float = Field(0.05, ge=0, le=1, description="Only tokens at least this fraction as likely as the likeliest (0 = off).")
+    repeat_penalty: float = Field(1.1, gt=0, description="Penalty on tokens already generated in this completion (1 = off); keeps small base models from looping.")
+
+    def sampling(self, temperature: float, max_tokens: int) -> Sampling:
+        return Sampling(temperature, max_tokens, self.top_p, self.top_k, self.min_p, self.repeat_penalty)
 
 
 @dataclass(frozen=True)
@@ -126,6 +151,13 @@ class CompletionBatch:
     latency_s: np.ndarray
     attempts: np.ndarray
     error: list[str | None]
+    #: Shared-context answers (``engines.exact``): True where the prompt was evaluated
+    #: once for every agent with the same prompt; None from per-agent engines.
+    shared_prompt: np.ndarray | None = None
+    #: Each agent's group key (its prompt's context hash) on the shared path.
+    context: list[str | None] | None = None
+    #: One row per group and answer: context, answer, probability, agents (polars frame).
+    distributions: Any = None
 
     def __len__(self) -> int:
         return len(self.text)

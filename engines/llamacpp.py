@@ -9,12 +9,15 @@ format the prompt is wrapped in the chat template of the GGUF's metadata.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from pydantic import Field, field_validator
 
-from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
+from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, Sampling, register
+from engines.exact import Chain
+from engines.llamacpp_shared import SharedContext
 from engines.models import DEFAULT_MODEL, MODELS, gguf_path, is_path, prompt_format, unknown_model
 from prompts.answers import number_gbnf
 from prompts.chat import ChatTemplate, PromptFormat
@@ -31,15 +34,13 @@ class LlamaCppSpec(EngineSpec):
     n_ctx: int = Field(2048, gt=0, description="Context window in tokens (prompt + reasoning + answer).")
     n_threads: int | None = Field(None, gt=0, description="CPU threads per model; default: the actor's num_cpus (at least 1).")
     n_batch: int = Field(512, gt=0, description="Prompt tokens evaluated per llama.cpp batch.")
-    top_k: int = Field(40, ge=0, description="Top-k sampling (0 = off).")
-    min_p: float = Field(0.05, ge=0, le=1, description="Min-p sampling.")
-    repeat_penalty: float = Field(1.1, gt=0, description="Penalty on repeated tokens (1 = off); keeps small base models from looping.")
     stop: tuple[str, ...] = Field(("\n\n",), description="Stop sequences of free-text (reasoning) requests.")
     prompt_format: PromptFormat | None = Field(
         None,
         description="completion: the prompt as text to continue (base models); chat: the prompt in the GGUF's chat "
         "template (instruct models). Default: the bundled model's; a GGUF path: chat if the file has a chat template.",
     )
+    shared_context: bool = Field(True, description="Constrained answers from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed; false: one sampled completion per agent.")
 
     @field_validator("model")
     @classmethod
@@ -155,15 +156,27 @@ class LlamaCppEngine:
         self.chat_template = chat_template(self.llm)
         self.prompt_format = prompt_format(spec.model, spec.prompt_format, self.chat_template is not None)
         self._grammars: dict[Constraint, object] = {}
+        self._shared: SharedContext | None = None
 
     def generate(self, batch: RequestBatch) -> CompletionBatch:
-        """Complete every request; constrained ones return only the number's text."""
-        grammar = self._grammar(batch.constraint) if batch.constraint is not None else None
-        requests = list(batch)
+        """Complete every request; constrained ones return only the number's text.
+
+        In chat format every prompt is first rendered with the model's chat template (the
+        game's prompt as the user's message, ``batch.opening`` opening the assistant's turn).
+        Constrained batches then take the shared-context path (``shared_context``): the exact
+        answer distribution of each distinct prompt, drawn per agent.
+        """
         chat = batch.opening is not None and self.prompt_format == "chat"
         if chat:
             texts = self.chat_template.render_all(batch.prompt, batch.opening)  # type: ignore[union-attr]
-            requests = [Request(r.agent_id, text, r.seed, r.sampling, r.constraint) for r, text in zip(requests, texts)]
+            batch = replace(batch, prompt=texts)
+        if batch.constraint is not None and self.spec.shared_context and len(batch):
+            if self._shared is None:
+                self._shared = SharedContext(self.llm)
+            # A chat-rendered prompt writes its own BOS (as _tokens below): none is added.
+            return self._shared.generate(batch, self.chain(batch.sampling), add_bos=not chat)
+        grammar = self._grammar(batch.constraint) if batch.constraint is not None else None
+        requests = list(batch)
         # Sorted prompts put shared prefixes next to each other: llama.cpp keeps the KV cache
         # of the longest common prefix with the previous prompt, so each is evaluated once.
         order = sorted(range(len(requests)), key=lambda i: requests[i].prompt)
@@ -176,6 +189,10 @@ class LlamaCppEngine:
             rows[i] = self._complete(requests[i], grammar, chat)
         return CompletionBatch.from_rows(rows)  # type: ignore[arg-type]
 
+    def chain(self, sampling: Sampling) -> Chain:
+        """The sampling chain both paths apply (``create_completion``'s, documented in ``Chain``)."""
+        return Chain(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.repeat_penalty)
+
     def _complete(self, request: Request, grammar: object | None, chat: bool = False) -> Completion:
         sampling = request.sampling
         seed = request.seed if request.seed != _RANDOM_SEED else _RANDOM_SEED - 1
@@ -186,9 +203,9 @@ class LlamaCppEngine:
                 max_tokens=sampling.max_tokens,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                top_k=self.spec.top_k,
-                min_p=self.spec.min_p,
-                repeat_penalty=self.spec.repeat_penalty,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repeat_penalty=sampling.repeat_penalty,
                 seed=seed,
                 grammar=grammar,
                 stop=list(self.spec.stop) if grammar is None else [],

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +50,7 @@ class VllmSpec(EngineSpec):
     enforce_eager: bool = Field(True, description="Skip graph capture / compilation: faster start, slower decoding. Set false on GPUs for long runs.")
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences vLLM decodes at once (vLLM's default when unset).")
     seed: int = Field(0, ge=0, description="The engine's global seed (every request also carries its agent's seed).")
+    shared_context: bool = Field(True, description="Constrained answers from the exact answer distribution of each distinct prompt (raw logits of the answer tree's nodes, llama.cpp's sampling chain), drawn per agent with its seed; false: vLLM samples one completion per agent.")
 
     @model_validator(mode="after")
     def _resources(self) -> "VllmSpec":
@@ -100,6 +102,10 @@ class VllmSpec(EngineSpec):
             "enforce_eager": self.enforce_eager,
             "seed": self.seed,
         }
+        if self.shared_context:
+            from engines.vllm_shared import LLM_KWARGS
+
+            kwargs.update(LLM_KWARGS)
         if not self.on_cuda:
             # vLLM's CPU backend cannot rewind a seeded request's generator when its prompt is
             # split across steps ("CPU Generator does not use offset"): schedule whole prompts.
@@ -128,17 +134,19 @@ class VllmEngine:
         # and per-request seeds reproduce exactly.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from engines.convert import vllm_model
+
+        self.path = str(vllm_model(spec.model))
         if llm is None:
             from vllm import LLM
 
-            from engines.convert import vllm_model
-
             start = time.perf_counter()
-            llm = LLM(**spec.llm_kwargs(vllm_model(spec.model)))
+            llm = LLM(**spec.llm_kwargs(self.path))
             self.load_s = time.perf_counter() - start
         self.llm = llm
         self.chat_template = tokenizer_chat_template(llm.get_tokenizer())
         self.prompt_format = prompt_format(spec.model, spec.prompt_format, self.chat_template is not None)
+        self._shared: Any = None
 
     def sampling_params(self, batch: RequestBatch) -> list[Any]:
         """One ``SamplingParams`` per request: the batch's sampling, the agent's seed, the constraint."""
@@ -151,6 +159,9 @@ class VllmEngine:
             SamplingParams(
                 temperature=s.temperature,
                 top_p=s.top_p,
+                top_k=s.top_k,
+                min_p=s.min_p,
+                repetition_penalty=s.repeat_penalty,
                 max_tokens=s.max_tokens,
                 seed=seed,
                 structured_outputs=StructuredOutputsParams(regex=regex) if regex else None,
@@ -166,6 +177,18 @@ class VllmEngine:
         and no text; the rest of the batch is still answered.
         """
         n = len(batch)
+        chat = batch.opening is not None and self.prompt_format == "chat"
+        if batch.constraint is not None and self.spec.shared_context and n:
+            from engines.exact import Chain
+            from engines.vllm_shared import VllmShared
+
+            if self._shared is None:
+                self._shared = VllmShared(self.llm, self.path)
+            s = batch.sampling
+            chain = Chain(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty)
+            if chat:  # the same text the per-agent path sends, its special tokens written by the template
+                batch = replace(batch, prompt=self.chat_template.render_all(batch.prompt, batch.opening))  # type: ignore[union-attr]
+            return self._shared.generate(batch, chain, self.spec.max_model_len, add_special_tokens=not chat)
         text: list[str] = [""] * n
         prompt_tokens = np.zeros(n, np.int64)
         completion_tokens = np.zeros(n, np.int64)
@@ -174,7 +197,7 @@ class VllmEngine:
             return CompletionBatch(text, prompt_tokens, completion_tokens, np.zeros(0), np.zeros(0, np.int64), errors)
         params = self.sampling_params(batch)
         prompts: list[Any] = list(batch.prompt)
-        if batch.opening is not None and self.prompt_format == "chat":
+        if chat:
             # Token ids, as vLLM's own chat does: the template writes the special tokens,
             # so the tokenizer must not add a second BOS.
             tokenizer = self.llm.get_tokenizer()
@@ -201,7 +224,7 @@ class VllmEngine:
             if out is None:
                 continue
             completion = out.outputs[0] if out.outputs else None
-            text[i] = completion.text if completion else ""
+            text[i] = (completion.text.strip() if batch.constraint is not None else completion.text) if completion else ""
             prompt_tokens[i] = len(out.prompt_token_ids or ())
             completion_tokens[i] = len(completion.token_ids) if completion else 0
         elapsed = time.perf_counter() - start

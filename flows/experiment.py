@@ -54,6 +54,7 @@ def run_row(config: ExperimentConfig, arm: Arm, prompting: dict[str, Any] | None
         "equilibrium": rule.equilibrium,
         "spec": arm.engine.model_dump(mode="json"),
         "prompting": prompting if prompting is not None else arm.engine.prompting(),
+        "sampling": arm.sampling.model_dump(mode="json"),
         "status": "running",
     }
 

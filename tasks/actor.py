@@ -21,7 +21,7 @@ import ray
 
 from core.arms import Arm
 from core.seeds import agent_seeds
-from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, Sampling, build_engine
+from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine
 from prompts.answers import parse_answers
 from prompts.chat import split_cues
 from prompts.context import agent_variables
@@ -72,6 +72,8 @@ class ShardResult(_ArrowPickled):
     worker: str
     seconds: float
     limit_wait_s: float = 0.0  # of the engine's requests, waiting on rate limits (summed over requests)
+    #: Shared-context answers: each group's exact distribution (``answer_distributions`` rows).
+    distributions: pl.DataFrame | None = None
 
     _frame_field = "guesses"
 
@@ -98,6 +100,7 @@ class ShardPlayer:
         # Seeds depend on (seed, round, agent) only: every arm sees the same draws (paired arms).
         seeds = (agent_seeds(job.seed, ids, "sample", job.round) & np.uint64(0xFFFFFFFF)).astype(np.int64)
         constraint = Constraint(rule.low, rule.high, rule.integer)
+        settings = arm.sampling or SamplingSettings()
         reasoning: list[str | None] = [None] * len(ids)
         tokens_in = np.zeros(len(ids), np.int64)
         tokens_out = np.zeros(len(ids), np.int64)
@@ -105,7 +108,7 @@ class ShardPlayer:
         errors: list[str | None] = [None] * len(ids)
         if arm.mode.reasoning:
             free = self.engine.generate(
-                RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_reasoning_tokens), None, opening=openings)
+                RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_reasoning_tokens), None, opening=openings)
             )
             reasoning = free.text
             if openings is not None:  # the answer continues the same assistant turn
@@ -117,7 +120,7 @@ class ShardPlayer:
             latency += free.latency_s
             errors = list(free.error)
         answer = self.engine.generate(
-            RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_answer_tokens), constraint, rule, openings)
+            RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_answer_tokens), constraint, rule, openings)
         )
         parsed = parse_answers(pl.Series(answer.text, dtype=pl.String), rule.low, rule.high, rule.integer)
         engine_error = pl.Series([e2 or e1 for e1, e2 in zip(errors, answer.error)], dtype=pl.String)
@@ -136,6 +139,8 @@ class ShardPlayer:
                 "latency_s": latency + answer.latency_s,
                 "attempts": answer.attempts,
                 "engine_error": engine_error,
+                "shared_prompt": answer.shared_prompt if answer.shared_prompt is not None else np.zeros(len(ids), bool),
+                "context": pl.Series(answer.context if answer.context is not None else [None] * len(ids), dtype=pl.String),
             }
         ).with_columns(
             parsed["guess"].alias("guess"),
@@ -146,8 +151,14 @@ class ShardPlayer:
         guesses = guesses.with_columns(
             valid=pl.col("valid") & pl.col("engine_error").is_null(),
         ).with_columns(guess=pl.when(pl.col("valid")).then(pl.col("guess"))).drop("engine_error")
+        distributions = None
+        if answer.distributions is not None:  # shared-context answers: each group's exact distribution
+            distributions = answer.distributions.select(
+                pl.lit(arm.run_id).alias("run_id"), pl.lit(job.round, pl.Int32).alias("round"),
+                pl.lit(job.shard, pl.Int32).alias("shard"), "context", "answer", "probability", "agents",
+            )
         return ShardResult(guesses, node, self.worker, time.perf_counter() - start,
-                           getattr(self.engine, "limit_wait_s", 0.0) - waited)
+                           getattr(self.engine, "limit_wait_s", 0.0) - waited, distributions)
 
     def close(self) -> None:
         """Release the engine (its model and connections)."""

@@ -201,6 +201,25 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE shards ADD COLUMN IF NOT EXISTS limit_wait_s DOUBLE DEFAULT 0;
     """,
+    # 6 -> 7: the run's sampling chain (runs.sampling); shared-context answers: each guess says
+    # whether its prompt was evaluated once for its whole group (shared_prompt) and which group
+    # (context); each group's exact answer distribution, per shard that played it (a shard's
+    # rows commit with its guesses)
+    """
+    ALTER TABLE guesses ADD COLUMN shared_prompt BOOLEAN NOT NULL DEFAULT false;
+    ALTER TABLE guesses ADD COLUMN context VARCHAR;
+    ALTER TABLE runs ADD COLUMN sampling JSON;   -- arms.sampling: top_p, top_k, min_p, repeat_penalty
+    CREATE TABLE IF NOT EXISTS answer_distributions (
+        run_id      VARCHAR NOT NULL,
+        round       INTEGER NOT NULL,
+        shard       INTEGER NOT NULL,
+        context     VARCHAR NOT NULL,   -- hash of the prompt, sampling chain and constraint
+        answer      VARCHAR NOT NULL,   -- the answer text, as stored in guesses.raw
+        probability DOUBLE NOT NULL,
+        agents      BIGINT NOT NULL,    -- the shard's agents with this context
+        PRIMARY KEY (run_id, round, shard, context, answer)
+    );
+    """,
 ]
 
 

@@ -91,6 +91,7 @@ class Request:
     seed: int
     sampling: Sampling
     constraint: Constraint | None
+    opening: str | None = None
 
 
 @dataclass
@@ -105,6 +106,9 @@ class RequestBatch:
         constraint: the answer constraint, or None for free text (reasoning phase).
         rule: the game being played; LLM engines ignore it (the prompt says it all),
             the simulated engine's behavioural rules need it to best-respond.
+        opening: chat format only (engines whose ``prompt_format`` is ``chat``): the text
+            that opens each agent's assistant turn, which the model continues; ``prompt``
+            is then the user's message. None: ``prompt`` is plain text to continue.
     """
 
     agent_id: np.ndarray
@@ -113,13 +117,15 @@ class RequestBatch:
     sampling: Sampling = field(default_factory=Sampling)
     constraint: Constraint | None = None
     rule: "GameRule | None" = None
+    opening: Sequence[str] | None = None
 
     def __len__(self) -> int:
         return len(self.agent_id)
 
     def __iter__(self) -> Iterator[Request]:
-        for agent_id, prompt, seed in zip(self.agent_id.tolist(), self.prompt, self.seed.tolist()):
-            yield Request(agent_id, prompt, seed, self.sampling, self.constraint)
+        openings = self.opening if self.opening is not None else [None] * len(self)
+        for agent_id, prompt, seed, opening in zip(self.agent_id.tolist(), self.prompt, self.seed.tolist(), openings):
+            yield Request(agent_id, prompt, seed, self.sampling, self.constraint, opening)
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,12 @@ class CompletionBatch:
 # --------------------------------------------------------------------------- protocol
 @runtime_checkable
 class Engine(Protocol):
-    """What every engine does. ``kind`` and ``model`` label every stored guess."""
+    """What every engine does. ``kind`` and ``model`` label every stored guess.
+
+    An engine may also set ``prompt_format = "chat"``: it then receives each prompt split
+    into the user's message and the assistant's opening (``RequestBatch.opening``) and
+    applies its model's chat template; without it prompts are plain text (completion).
+    """
 
     kind: str
     model: str
@@ -199,6 +210,27 @@ class EngineSpec(BaseModel):
     def model_name(self) -> str:
         """The model label stored with every guess."""
         raise NotImplementedError
+
+    def prompting(self) -> dict[str, Any]:
+        """How this engine will format prompts, resolved before a run starts and stored with it.
+
+        Returns:
+            ``{"format": "completion" | "chat", "chat_template_sha256": digest or None}``.
+
+        Raises:
+            engines.models.ModelError: the model cannot be prompted as configured
+                (e.g. ``chat`` for a model without a chat template).
+        """
+        return {"format": "completion", "chat_template_sha256": None}
+
+    def check_context(self, prompts: Sequence[str], reserve: int, mode: str) -> None:
+        """Refuse prompts that cannot fit the model's context with ``reserve`` tokens to spare.
+
+        Engines that count tokens locally override it; the default checks nothing.
+
+        Raises:
+            ValueError: one line naming the setting, the tokens needed and the limit.
+        """
 
     @property
     def key(self) -> str:

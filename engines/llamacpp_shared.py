@@ -61,7 +61,12 @@ class SharedContext:
             self._trees[key] = AnswerTree.build(language, self.vocab, max_tokens)
         return self._trees[key]
 
-    def generate(self, batch: RequestBatch, chain: Chain) -> CompletionBatch:
+    def generate(self, batch: RequestBatch, chain: Chain, add_bos: bool = True) -> CompletionBatch:
+        """The batch's answers from the exact distribution of each distinct prompt.
+
+        ``add_bos``: whether llama.cpp adds the model's BOS token before each prompt, as
+        ``create_completion`` does for plain text (a chat-rendered prompt writes its own).
+        """
         assert batch.constraint is not None
         tree = self.tree(batch.constraint, batch.sampling.max_tokens)
 
@@ -69,23 +74,23 @@ class SharedContext:
             out: list[tuple[Distribution, int] | Exception] = []
             for prompt in prompts:  # sorted: each evaluates from the previous one's kept prefix
                 try:
-                    out.append(self.distribution(prompt, tree, chain))
+                    out.append(self.distribution(prompt, tree, chain, add_bos))
                 except Exception as exc:  # e.g. a prompt longer than the context: this group only
                     out.append(exc)
             return out
 
         return self.answers.complete(batch, chain, compute)
 
-    def prompt_tokens(self, prompt: str) -> list[int]:
+    def prompt_tokens(self, prompt: str, add_bos: bool = True) -> list[int]:
         """The tokens ``create_completion`` evaluates for this prompt (BOS, text with special tokens)."""
         llm = self.llm
         tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
-        bos = [llm.token_bos()] if llm._model.add_bos_token() and llm.token_bos() != -1 else []
+        bos = [llm.token_bos()] if add_bos and llm._model.add_bos_token() and llm.token_bos() != -1 else []
         eos = [llm.token_eos()] if llm._model.add_eos_token() else []
         return bos + tokens + eos
 
-    def distribution(self, prompt: str, tree: AnswerTree, chain: Chain) -> tuple[Distribution, int]:
-        tokens = self.prompt_tokens(prompt)
+    def distribution(self, prompt: str, tree: AnswerTree, chain: Chain, add_bos: bool = True) -> tuple[Distribution, int]:
+        tokens = self.prompt_tokens(prompt, add_bos)
         if len(tokens) + tree.max_tokens >= self.llm.n_ctx():
             raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {self.llm.n_ctx()}")
 

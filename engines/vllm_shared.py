@@ -74,12 +74,17 @@ class VllmShared:
             self._trees[key] = AnswerTree.build(language, self.vocab, max_tokens)
         return self._trees[key]
 
-    def generate(self, batch: RequestBatch, chain: Chain, max_model_len: int) -> CompletionBatch:
+    def generate(self, batch: RequestBatch, chain: Chain, max_model_len: int, add_special_tokens: bool = True) -> CompletionBatch:
+        """The batch's answers from the exact distribution of each distinct prompt.
+
+        ``add_special_tokens``: whether the tokenizer adds its BOS, as vLLM does for plain
+        text (a chat-rendered prompt writes its own special tokens).
+        """
         assert batch.constraint is not None
         tree = self.tree(batch.constraint, batch.sampling.max_tokens)
 
         def compute(prompts: list[str]) -> list[tuple[Distribution, int] | Exception]:
-            ids = self.tokenizer(prompts)["input_ids"]
+            ids = self.tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
             ok = [i for i, p in enumerate(ids) if len(p) + tree.max_tokens < max_model_len]
             results: list[tuple[Distribution, int] | Exception] = [
                 ValueError(f"prompt of {len(p)} tokens does not fit max_model_len {max_model_len}") for p in ids

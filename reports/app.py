@@ -12,7 +12,9 @@ import panel as pn
 import polars as pl
 
 from reports.data import ReportData
-from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, table
+from reports.depth import paired_comparisons, read_the_agents, reasoning_depth
+from reports.figures import (BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block,
+                             fmt, grid, table)
 
 HEADER_COLOR = "#2b4a6f"
 #: How many values an attribute may have and still get its own comparison figure.
@@ -40,7 +42,15 @@ def overview(data: ReportData) -> list[pn.viewable.Viewable]:
         f"{o['completion_tokens']:,} completion · **run time** {_seconds(o['wall_s'])} · **status** {o['status']} · "
         f"**seed** {o['seed']}"
     )
-    items: list[pn.viewable.Viewable] = [_md("## Overview"), _md(facts)]
+    items: list[pn.viewable.Viewable] = [_md("## Overview")]
+    if data.comparing:
+        items += [_md(f"This page compares the arms of {len(data.experiment_ids)} experiments; arms are numbered across "
+                      "them, each labelled with its experiment."),
+                  table(data.experiments, {"name": "experiment", "experiment_id": "id", "population": "agents",
+                                           "arms": "arms", "rounds_played": "rounds played", "guesses": "guesses",
+                                           "status": "status", "created_at": "started"})]
+    else:
+        items.append(_md(facts))
     if (data.arms["engine"] == "simulated").any():
         items.append(pn.pane.Alert(
             "Arms on the **simulated** engine use no language model: their numbers come from a named decision rule "
@@ -53,9 +63,9 @@ def overview(data: ReportData) -> list[pn.viewable.Viewable]:
                      "completion_tokens": "completion tokens"}),
     ]
     attributes = data.composition["attribute"].unique(maintain_order=True).to_list()
-    if attributes:
+    if attributes and not data.comparing:  # several populations: their sizes are in the table above
         items += [_md(f"### Population ({o['population']:,} agents)"),
-                  pn.FlexBox(*[Composition(data.composition, a) for a in attributes])]
+                  grid([Composition(data.composition, a) for a in attributes])]
     return items
 
 
@@ -75,7 +85,7 @@ def arm_section(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
                        "mean": "mean", "median": "median", "sd": "sd", "target": "target",
                        "winning_guess": "winning number", "n_winners": "winners",
                        "distance_to_equilibrium": "distance to equilibrium", "seconds": "seconds"}),
-        pn.FlexBox(*histograms),
+        grid(histograms),
         Convergence(data.convergence.filter(pl.col("arm") == arm), rule, reference, label),
     ]
 
@@ -88,9 +98,11 @@ def comparisons(data: ReportData) -> list[pn.viewable.Viewable]:
         (data.by_model, "model", "model"),
         (data.by_rule, "rule", "game rule"),
     ]:
-        n = frame[key].n_unique()
-        note = "" if n > 1 else f" (one {what} in this experiment)"
-        items.append(CompareByRound(frame, key, f"Mean guess per round by {what}{note}"))
+        # One plot per comparison that has something to compare.
+        if frame[key].n_unique() > 1:
+            items.append(CompareByRound(frame, key, f"Mean guess per round by {what}"))
+        elif frame.height:
+            items.append(_md(f"One {what} on this page: {frame[key][0]}."))
     attributes = [a for a in data.by_attribute["attribute"].unique(maintain_order=True).to_list()
                   if data.by_attribute.filter(pl.col("attribute") == a)["value"].n_unique() <= MAX_VALUES_PLOTTED]
     if attributes:
@@ -99,7 +111,7 @@ def comparisons(data: ReportData) -> list[pn.viewable.Viewable]:
         items += [_md("### Demographics"),
                   _md(f"Mean guess of each group in round {first}, per arm; bars are 95 % confidence intervals "
                       "(mean ± 1.96 standard errors)."),
-                  pn.FlexBox(*[ByAttribute(data.by_attribute, a, first, labels) for a in attributes])]
+                  grid([ByAttribute(data.by_attribute, a, first, labels) for a in attributes], columns=2)]
     return items
 
 
@@ -140,11 +152,14 @@ def references(data: ReportData) -> list[pn.viewable.Viewable]:
     return [_md("### Human reference results\n" + lines)]
 
 
-def build_page(data: ReportData, title: str | None = None) -> pn.template.BaseTemplate:
-    """The whole page of one experiment as a Panel template."""
+def build_page(data: ReportData, title: str | None = None, served: bool = False) -> pn.template.BaseTemplate:
+    """The whole page of one experiment (or a comparison of several) as a Panel template.
+
+    ``served`` pages (``keynes report --serve``) add a searchable table of every reasoning text.
+    """
     o = data.overview
     page = pn.template.BootstrapTemplate(
-        title=title or f"keynes report · {o['name']}",
+        title=title or f"keynes report · {' vs '.join(data.names[e] for e in data.experiment_ids)}",
         header_background=HEADER_COLOR,
         sidebar_width=230,
     )
@@ -157,7 +172,9 @@ def build_page(data: ReportData, title: str | None = None) -> pn.template.BaseTe
     main = overview(data) + [_md("## Arms")]
     for arm in data.arms["arm"].to_list():
         main += arm_section(data, arm)
-    main += comparisons(data) + answers_and_cost(data) + references(data)
-    main += [_md("## Config"), config_block(o["config"])]
+    main += comparisons(data) + reasoning_depth(data) + paired_comparisons(data) + read_the_agents(data, served)
+    main += answers_and_cost(data) + references(data)
+    for row in data.experiments.iter_rows(named=True):
+        main += [_md(f"## Config{': ' + row['name'] if data.comparing else ''}"), config_block(row["config"])]
     page.main.append(pn.Column(*main, sizing_mode="stretch_width"))
     return page

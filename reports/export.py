@@ -1,4 +1,4 @@
-"""Export: save a report page as one self-contained HTML file, or serve pages live.
+"""Export: save a report page as one self-contained HTML file (``reports.server`` serves them live).
 
 The saved file inlines every script and stylesheet (Bokeh, Panel, the template's CSS),
 so it opens offline; ``save_html`` refuses to write a page that still links one.
@@ -17,6 +17,7 @@ from panel.io.resources import CDN_DIST, DIST_DIR, set_resource_mode
 
 from reports.app import build_page
 from reports.data import ReportData, experiment_ids
+from warehouse.analyses import refresh
 from warehouse.store import Warehouse
 
 _LINK = re.compile(r"<link\b[^>]*?href=[\"'](https?://[^\"']+)[\"'][^>]*>", re.I)
@@ -116,36 +117,45 @@ def _render(doc: Document, title: str) -> str:
     return out.getvalue()
 
 
-def write_reports(db: str | Path, out: str | Path, experiment: str | None = None) -> list[Path]:
+def _pages(warehouse: Warehouse, experiment: str | list[str] | None) -> list[str | list[str]]:
+    """What each page shows: an experiment id, or a list of ids for one comparison page.
+
+    None → one page per experiment; a name or id → its page; several → one comparison page.
+    """
+    if isinstance(experiment, (list, tuple)) and len(experiment) > 1:
+        return [[experiment_ids(warehouse, e)[0] for e in experiment]]
+    if isinstance(experiment, (list, tuple)):
+        experiment = experiment[0] if experiment else None
+    return list(experiment_ids(warehouse, experiment))
+
+
+def _data(warehouse: Warehouse, page: str | list[str]) -> ReportData:
+    """The page's data, with the analyses of its rounds brought up to date first."""
+    refresh(warehouse, [page] if isinstance(page, str) else page)
+    return ReportData(warehouse, page)
+
+
+def write_reports(db: str | Path, out: str | Path, experiment: str | list[str] | None = None) -> list[Path]:
     """Write the report page(s) of a warehouse.
 
     Args:
         db: the warehouse file.
         out: the HTML file; with several experiments (and none chosen) each gets
             ``<out stem>-<experiment id>.html`` beside it.
-        experiment: an experiment id or name (its newest run); None means every experiment.
+        experiment: an experiment id or name (its newest run); several: one page comparing
+            their arms; None means one page per experiment.
 
     Returns:
         The files written.
     """
     warehouse = Warehouse(db)
-    ids = experiment_ids(warehouse, experiment)
+    pages = _pages(warehouse, experiment)
     out = Path(out)
     written = []
-    for experiment_id in ids:
-        target = out if len(ids) == 1 else out.with_name(f"{out.stem}-{experiment_id}{out.suffix or '.html'}")
-        data = ReportData(warehouse, experiment_id)
-        written.append(save_html(build_page(data), target, title=f"keynes report · {data.overview['name']}"))
+    for page in pages:
+        target = out if len(pages) == 1 else out.with_name(f"{out.stem}-{page}{out.suffix or '.html'}")
+        data = _data(warehouse, page)
+        title = "keynes report · " + " vs ".join(data.names[e] for e in data.experiment_ids)
+        written.append(save_html(build_page(data), target, title=title))
     return written
 
-
-def serve(db: str | Path, experiment: str | None = None, port: int = 5006, show: bool = False):
-    """Serve one live page per experiment on 127.0.0.1 (``/<experiment id>``); blocks.
-
-    Each request re-reads the warehouse, so a page shows a run that is still writing.
-    """
-    warehouse = Warehouse(db)
-    ids = experiment_ids(warehouse, experiment)
-    pages = {experiment_id: (lambda eid=experiment_id: build_page(ReportData(warehouse, eid))) for experiment_id in ids}
-    return pn.serve(pages, address="127.0.0.1", port=port, show=show, title="keynes reports",
-                    websocket_origin=[f"127.0.0.1:{port}", f"localhost:{port}"])

@@ -24,8 +24,7 @@ EQUILIBRIUM_COLOR = "#222222"
 MEAN_COLOR = "#1f77b4"
 HUMAN_COLOR = "#2ca02c"
 FIGURE_HEIGHT = 270
-SMALL_WIDTH = 330
-WIDE_WIDTH = 760
+MIN_WIDTH = 280
 LEGEND_WIDTH = 210
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save,hover"
 TABLE_CSS = """
@@ -54,13 +53,13 @@ def table(frame: pl.DataFrame, columns: dict[str, str], digits: int = 2) -> pn.p
                              stylesheets=[TABLE_CSS])
 
 
-def _figure(title: str, width: int = SMALL_WIDTH, height: int = FIGURE_HEIGHT, legend: bool = False, **kwargs) -> figure:
-    """A figure; with ``legend`` its legend sits right of the plot, never over the data."""
-    # Fixed frame sizes: the plotting area stays the same whatever the legend needs.
+def _figure(title: str, width: int | None = None, height: int = FIGURE_HEIGHT, legend: bool = False, **kwargs) -> figure:
+    """A figure as wide as its place on the page (or ``width`` pixels); with ``legend`` its
+    legend sits right of the plot, never over the data."""
     # No toolbar drawn (it crowds titles and legends); hover, pan and wheel zoom still work.
-    # A legend gets its own width beside the plot.
-    p = figure(title=title, width=width + (LEGEND_WIDTH if legend else 0), height=height, tools=TOOLS,
-               toolbar_location=None, **kwargs)
+    size = ({"width": width + (LEGEND_WIDTH if legend else 0)} if width else
+            {"sizing_mode": "stretch_width", "min_width": MIN_WIDTH + (LEGEND_WIDTH if legend else 0)})
+    p = figure(title=title, height=height, tools=TOOLS, toolbar_location=None, **size, **kwargs)
     if legend:
         # Added before any glyph, so every legend_label lands in this legend.
         p.add_layout(Legend(label_text_font_size="9pt", click_policy="hide", border_line_alpha=0), "right")
@@ -68,6 +67,11 @@ def _figure(title: str, width: int = SMALL_WIDTH, height: int = FIGURE_HEIGHT, l
     p.xgrid.grid_line_alpha = 0.3
     p.ygrid.grid_line_alpha = 0.3
     return p
+
+
+def grid(items: list, columns: int = 3) -> pn.GridBox:
+    """Views side by side, as many per row as fit ``columns``, together as wide as the page."""
+    return pn.GridBox(*items, ncols=max(1, min(columns, len(items))), sizing_mode="stretch_width")
 
 
 def _fit_y(p: figure, low: np.ndarray, high: np.ndarray, floor: float | None = None) -> None:
@@ -113,7 +117,7 @@ class RoundHistogram(pn.viewable.Viewer):
         p.yaxis.axis_label = "agents"
         p.yaxis.ticker.min_interval = 1  # counts are whole agents
         p.y_range.start = 0
-        return pn.pane.Bokeh(p)
+        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
 
 
 class Convergence(pn.viewable.Viewer):
@@ -125,7 +129,7 @@ class Convergence(pn.viewable.Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         r = self.rounds
-        p = _figure(f"Convergence across rounds: {self.label}", width=WIDE_WIDTH - 160, legend=True,
+        p = _figure(f"Convergence across rounds: {self.label}", legend=True,
                     y_range=(self.rule["low"], self.rule["high"]))
         x = r["round"].to_numpy()
         for column, color, dash, label in [
@@ -147,21 +151,21 @@ class Convergence(pn.viewable.Viewer):
         p.xaxis.ticker = list(x) if len(x) else list(range(int(first), int(last) + 1))
         p.xaxis.axis_label = "round"
         p.yaxis.axis_label = "guess"
-        return pn.pane.Bokeh(p)
+        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
 
 
 class CompareByRound(pn.viewable.Viewer):
     """Mean guess per round for each group (prompt mode, model or rule), with 95 % CIs."""
 
-    def __init__(self, stats: pl.DataFrame, key: str, title: str):
+    def __init__(self, stats: pl.DataFrame, key: str, title: str, axis: str = "mean guess (95 % CI)"):
         super().__init__()
-        self.stats, self.key, self.title = stats, key, title
+        self.stats, self.key, self.title, self.axis = stats, key, title, axis
 
     def __panel__(self) -> pn.viewable.Viewable:
         groups = self.stats[self.key].unique(maintain_order=True).to_list()
         rounds = sorted(self.stats["round"].unique().to_list())
         # An explicit x range: the dodged points and whiskers all stay inside the frame.
-        p = _figure(self.title, width=WIDE_WIDTH - 160, legend=True, x_range=(min(rounds) - 0.5, max(rounds) + 0.5))
+        p = _figure(self.title, legend=True, x_range=(min(rounds) - 0.5, max(rounds) + 0.5))
         width = 0.6 / max(len(groups), 1)
         for i, group in enumerate(groups):
             color = ARM_COLORS[i % len(ARM_COLORS)]
@@ -176,41 +180,47 @@ class CompareByRound(pn.viewable.Viewer):
                self.stats["ci95_high"].fill_null(self.stats["mean"]).to_numpy())
         p.xaxis.ticker = rounds
         p.xaxis.axis_label = "round"
-        p.yaxis.axis_label = "mean guess (95 % CI)"
-        return pn.pane.Bokeh(p)
+        p.yaxis.axis_label = self.axis
+        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
 
 
 class ByAttribute(pn.viewable.Viewer):
-    """Mean guess by the values of one demographic attribute, per arm, with 95 % CIs."""
+    """Mean guess by the values of one demographic attribute, per arm, with 95 % CIs.
 
-    def __init__(self, stats: pl.DataFrame, attribute: str, round_: int, labels: dict[int, str]):
+    Values run down the y axis, so every label reads whole and horizontally however long it is.
+    """
+
+    def __init__(self, stats: pl.DataFrame, attribute: str, round_: int, labels: dict[int, str], what: str = "Mean guess",
+                 axis: str = "mean guess"):
         super().__init__()
-        self.stats, self.attribute, self.round, self.labels = stats, attribute, round_, labels
+        self.stats, self.attribute, self.round, self.labels, self.what, self.axis = stats, attribute, round_, labels, what, axis
 
     def __panel__(self) -> pn.viewable.Viewable:
         s = self.stats.filter((pl.col("attribute") == self.attribute) & (pl.col("round") == self.round))
-        values = sorted(s["value"].unique().to_list())
+        values = sorted(s["value"].unique().to_list(), reverse=True)  # read top-down in order
         arms = sorted(s["arm"].unique().to_list())
-        p = _figure(f"Mean guess by {self.attribute.replace('_', ' ')} (round {self.round}, 95 % CI)",
-                    width=SMALL_WIDTH, legend=True, x_range=(-0.5, len(values) - 0.5))
+        p = _figure(f"{self.what} by {self.attribute.replace('_', ' ')} (round {self.round}, 95 % CI)", legend=True,
+                    height=max(200, 70 + len(values) * (12 + 10 * len(arms))), y_range=(-0.5, len(values) - 0.5))
         width = 0.7 / max(len(arms), 1)
         position = {v: i for i, v in enumerate(values)}
         for j, arm in enumerate(arms):
             color = ARM_COLORS[arm % len(ARM_COLORS)]
             a = s.filter(pl.col("arm") == arm)
-            x = np.array([position[v] for v in a["value"].to_list()], dtype=float) + (j - (len(arms) - 1) / 2) * width
-            source = ColumnDataSource({"x": x, "mean": a["mean"].to_numpy(), "n": a["n_valid"].to_numpy(),
+            y = np.array([position[v] for v in a["value"].to_list()], dtype=float) - (j - (len(arms) - 1) / 2) * width
+            source = ColumnDataSource({"y": y, "mean": a["mean"].to_numpy(), "n": a["n_valid"].to_numpy(),
                                        "low": a["ci95_low"].fill_null(a["mean"]).to_numpy(),
                                        "high": a["ci95_high"].fill_null(a["mean"]).to_numpy()})
-            p.scatter("x", "mean", source=source, color=color, size=9, legend_label=self.labels.get(arm, f"arm {arm}"))
-            p.add_layout(Whisker(source=source, base="x", lower="low", upper="high", line_color=color))
+            p.scatter("mean", "y", source=source, color=color, size=9, legend_label=self.labels.get(arm, f"arm {arm}"))
+            p.add_layout(Whisker(source=source, base="y", lower="low", upper="high", dimension="width", line_color=color))
         if s.height:
-            _fit_y(p, s["ci95_low"].fill_null(s["mean"]).to_numpy(), s["ci95_high"].fill_null(s["mean"]).to_numpy())
-        p.xaxis.ticker = list(range(len(values)))
-        p.xaxis.major_label_overrides = {i: v for i, v in enumerate(values)}
-        p.xaxis.major_label_orientation = 0.5 if max((len(v) for v in values), default=0) > 8 else 0
-        p.yaxis.axis_label = "mean guess"
-        return pn.pane.Bokeh(p)
+            lo = s["ci95_low"].fill_null(s["mean"]).to_numpy()
+            hi = s["ci95_high"].fill_null(s["mean"]).to_numpy()
+            pad = max((float(np.nanmax(hi)) - float(np.nanmin(lo))) * 0.08, 0.5)
+            p.x_range.start, p.x_range.end = float(np.nanmin(lo)) - pad, float(np.nanmax(hi)) + pad
+        p.yaxis.ticker = list(range(len(values)))
+        p.yaxis.major_label_overrides = {i: v for i, v in enumerate(values)}
+        p.xaxis.axis_label = self.axis
+        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
 
 
 class Composition(pn.viewable.Viewer):
@@ -223,12 +233,12 @@ class Composition(pn.viewable.Viewer):
     def __panel__(self) -> pn.viewable.Viewable:
         c = self.composition.filter(pl.col("attribute") == self.attribute).sort("value", descending=True)
         values = c["value"].to_list()
-        p = _figure(f"Population by {self.attribute.replace('_', ' ')}", width=SMALL_WIDTH - 40,
+        p = _figure(f"Population by {self.attribute.replace('_', ' ')}",
                     height=max(160, 40 + 26 * len(values)), y_range=values)
         p.hbar(y=values, right=(c["share"] * 100).to_numpy(), height=0.7, color=BAR_COLOR)
         p.xaxis.axis_label = "% of agents"
         p.x_range.start = 0
-        return pn.pane.Bokeh(p)
+        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
 
 
 class BarsByArm(pn.viewable.Viewer):
@@ -240,12 +250,12 @@ class BarsByArm(pn.viewable.Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         names = [self.labels[a] for a in self.frame["arm"].to_list()]
-        p = _figure(self.title, width=WIDE_WIDTH - 200, height=max(180, 60 + 34 * len(names)), y_range=list(reversed(names)))
+        p = _figure(self.title, height=max(180, 60 + 34 * len(names)), y_range=list(reversed(names)))
         p.hbar(y=names, right=(self.frame[self.column].fill_null(0) * self.scale).to_numpy(), height=0.6,
                color=[ARM_COLORS[a % len(ARM_COLORS)] for a in self.frame["arm"].to_list()])
         p.xaxis.axis_label = self.axis
         p.x_range.start = 0
-        return pn.pane.Bokeh(p)
+        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
 
 
 def config_block(config: Any) -> pn.pane.Markdown:

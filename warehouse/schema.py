@@ -149,9 +149,62 @@ MIGRATIONS: list[str] = [
         agent_id   BIGINT NOT NULL
     );
     """,
-    # 3 -> 4: the run's sampling chain (runs.sampling); shared-context answers — each guess says whether its prompt was evaluated once for
-    # its whole group (shared_prompt) and which group (context); each group's exact answer
-    # distribution, per shard that played it (a shard's rows commit with its guesses)
+    # 3 -> 4: reasoning-depth analyses that need scipy, so keynes computes them in Python
+    # (warehouse.analyses) and stores them here; the views cognitive_hierarchy_fit and
+    # paired_comparisons show them. attribute/value NULL: the whole arm.
+    """
+    CREATE TABLE IF NOT EXISTS tau_fits (
+        run_id      VARCHAR NOT NULL,
+        round       INTEGER NOT NULL,
+        attribute   VARCHAR,
+        value       VARCHAR,
+        n           BIGINT NOT NULL,
+        mean        DOUBLE,
+        tau         DOUBLE,
+        tau_low     DOUBLE,
+        tau_high    DOUBLE,
+        fit         VARCHAR NOT NULL,
+        ch_mean_min DOUBLE NOT NULL,
+        ch_mean_max DOUBLE NOT NULL,
+        method      VARCHAR NOT NULL,
+        computed_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE TABLE IF NOT EXISTS paired_tests (
+        run_a              VARCHAR NOT NULL,
+        run_b              VARCHAR NOT NULL,
+        round              INTEGER NOT NULL,
+        factor             VARCHAR NOT NULL,
+        level_a            VARCHAR NOT NULL,
+        level_b            VARCHAR NOT NULL,
+        n_pairs            BIGINT NOT NULL,
+        mean_a             DOUBLE,
+        mean_b             DOUBLE,
+        mean_difference    DOUBLE,
+        ci95_low           DOUBLE,
+        ci95_high          DOUBLE,
+        median_difference  DOUBLE,
+        wilcoxon_statistic DOUBLE,
+        wilcoxon_p         DOUBLE,
+        note               VARCHAR,
+        method             VARCHAR NOT NULL,
+        computed_at        TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_a, run_b, round)
+    );
+    """,
+    # 4 -> 5: runs.prompting: how the run's engine formatted prompts (completion or chat) and
+    # the sha256 of the chat template it applied, so the text every agent saw is reproducible
+    """
+    ALTER TABLE runs ADD COLUMN IF NOT EXISTS prompting JSON;
+    """,
+    # 5 -> 6: seconds each shard's requests waited on the engine's rate limits (openai engine's
+    # requests_per_minute / tokens_per_minute); 0 for engines without limits
+    """
+    ALTER TABLE shards ADD COLUMN IF NOT EXISTS limit_wait_s DOUBLE DEFAULT 0;
+    """,
+    # 6 -> 7: the run's sampling chain (runs.sampling); shared-context answers: each guess says
+    # whether its prompt was evaluated once for its whole group (shared_prompt) and which group
+    # (context); each group's exact answer distribution, per shard that played it (a shard's
+    # rows commit with its guesses)
     """
     ALTER TABLE guesses ADD COLUMN shared_prompt BOOLEAN NOT NULL DEFAULT false;
     ALTER TABLE guesses ADD COLUMN context VARCHAR;
@@ -171,6 +224,7 @@ MIGRATIONS: list[str] = [
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
 
 class SchemaError(RuntimeError):
     """The file is not a keynes warehouse this version can use."""

@@ -13,6 +13,7 @@ import re
 import duckdb
 
 from core.personas import NOT_ATTRIBUTES
+from warehouse import depth_views, references
 
 #: Attributes with more distinct values than this in an experiment are not treated as
 #: categories (free text, ids, raw ages): the demographic views leave them out.
@@ -44,18 +45,8 @@ _STATS = """
            avg(g.guess) + 1.96 * stddev_samp(g.guess) / sqrt(count(g.guess)) AS ci95_high
 """
 
-#: Human reference results. Nagel (1995), "Unraveling in Guessing Games: An Experimental
-#: Study", American Economic Review 85(5): first-period results of the 2/3 sessions.
-HUMAN_REFERENCE = [
-    ("Nagel (1995), AER 85(5), p = 2/3", "2/3", 0.0, 0.0, 100.0, 1, 36.73, 33.0),
-]
-
-
 def _static_views() -> dict[str, tuple[str, str]]:
     """Views whose SQL does not depend on the personas columns: name → (description, SQL)."""
-    reference_rows = ", ".join(
-        f"('{s}', '{r}', {o}, {lo}, {hi}, {rnd}, {m}, {md})" for s, r, o, lo, hi, rnd, m, md in HUMAN_REFERENCE
-    )
     return {
         "arms": (
             "One row per arm (run): engine, model, prompt mode, temperature, the rule in words, status, wall time.",
@@ -101,8 +92,9 @@ def _static_views() -> dict[str, tuple[str, str]]:
                 FROM guesses g JOIN ({_ARM}) a USING (run_id) GROUP BY ALL""",
         ),
         "guess_stats_by_model": (
-            "Guesses by experiment, engine, model and round: n, valid, invalid rate, mean, median, sd, 95 % CI.",
-            f"""SELECT a.experiment_id, a.engine, a.model, g.round, {_STATS}
+            "Guesses by experiment, engine, model and round (the model that answered: a mixture's guesses count for "
+            "their own models): n, valid, invalid rate, mean, median, sd, 95 % CI.",
+            f"""SELECT a.experiment_id, g.engine, g.model, g.round, {_STATS}
                 FROM guesses g JOIN ({_ARM}) a USING (run_id) GROUP BY ALL""",
         ),
         "guess_stats_by_rule": (
@@ -151,11 +143,15 @@ def _static_views() -> dict[str, tuple[str, str]]:
                 WHERE g.valid GROUP BY ALL""",
         ),
         "human_reference": (
-            "Published results of human players, for reference lines: source, rule, round, mean, median.",
-            f"""SELECT source, ratio, "offset"::DOUBLE AS "offset", low::DOUBLE AS low, high::DOUBLE AS high,
-                       round::INTEGER AS round, mean::DOUBLE AS mean, median::DOUBLE AS median
-                FROM (VALUES {reference_rows}) AS t(source, ratio, "offset", low, high, round, mean, median)""",
+            "Published results of human players with their source: first-round mean and median (kind 'result', "
+            "Nagel 1995) and the cognitive-hierarchy τ fitted to subject pools with its 90 % interval "
+            "(kind 'cognitive hierarchy', Camerer, Ho & Chong 2004, Table II), per game rule.",
+            f"""SELECT kind, source, pool, ratio, "offset"::DOUBLE AS "offset", low::DOUBLE AS low, high::DOUBLE AS high,
+                       round::INTEGER AS round, n::BIGINT AS n, mean::DOUBLE AS mean, median::DOUBLE AS median,
+                       tau::DOUBLE AS tau, tau_low::DOUBLE AS tau_low, tau_high::DOUBLE AS tau_high
+                FROM (VALUES {references.values_sql()}) AS t({', '.join(f'"{c}"' for c in references.COLUMNS)})""",
         ),
+        **depth_views.static_views(_ARM),
     }
 
 
@@ -243,6 +239,7 @@ def _persona_views(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, str]]
                FROM mixture x JOIN ({arm}) a USING (run_id)
                GROUP BY ALL""".format(arm=_ARM),
         ),
+        **depth_views.persona_views(_ARM),
     }
 
 

@@ -95,6 +95,39 @@ def test_key_numbers_are_on_the_page(quickstart, page):
         assert title in page["html"], title
 
 
+def test_reasoning_sections_show_the_stored_analyses(quickstart, page):
+    path, _ = quickstart
+    text = page["text"]
+    for words in ("Reasoning depth", "Paired comparisons", "Read the agents", "Caltech board", "Camerer, Ho & Chong (2004)"):
+        assert words in text, words
+    with duckdb.connect(str(path), read_only=True) as con:
+        fits = con.execute("SELECT tau, fit FROM cognitive_hierarchy_fit WHERE attribute IS NULL").fetchall()
+        pairs = con.execute("SELECT mean_difference, factor FROM paired_comparisons").fetchall()
+        picks = con.execute("SELECT pick, agent_id, reasoning FROM reasoning_highlights").fetchall()
+    assert len(fits) == 2 * 3 and all((f"{t:.2f}" in text) if t is not None else fit == "no τ fits" for t, fit in fits)
+    assert len(pairs) == 3 and {f for _, f in pairs} == {"prompt mode"}  # basic vs cot, every round
+    assert all(f"{d:.4f}" in text for d, _ in pairs)
+    # Gemma's chain-of-thought texts, with the agents' numbers, for the lowest/median/highest guesses and winners
+    assert {p for p, _, _ in picks} >= {"lowest", "median", "highest", "winner"}
+    for _, agent_id, reasoning in picks:
+        assert f"agent {agent_id}" in text
+        assert " ".join(reasoning.split())[:60] in " ".join(text.split())
+    for title in ("Level-k classes of round 1", "Cognitive-hierarchy ", "Paired difference a "):
+        assert title in page["html"], title
+
+
+def test_one_plot_per_comparison_with_more_than_one_level(page):
+    # two prompt modes are compared; the one model and the one rule get a line of text, not a plot
+    assert "Mean guess per round by prompt mode" in page["html"]
+    assert "Mean guess per round by model" not in page["html"] and "Mean guess per round by game rule" not in page["html"]
+    assert "One model on this page" in page["text"] and "One game rule on this page" in page["text"]
+
+
+def test_plots_use_the_page_width(page):
+    width = max(p["width"] for p in page["plots"])
+    assert width > 900, width  # the 1400-pixel window less the sidebar, not a fixed 760-pixel box
+
+
 def test_prefect_artifacts_summarise_rounds_and_link_the_report(quickstart):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
@@ -139,7 +172,7 @@ def test_keynes_report_serve_answers_on_localhost(quickstart):
         deadline, body = time.monotonic() + 180, ""
         while time.monotonic() < deadline and server.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/{summary['experiment_id']}", timeout=60) as response:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/experiment?id={summary['experiment_id']}", timeout=60) as response:
                     body = response.read().decode()
                     break
             except OSError:

@@ -157,7 +157,7 @@ def test_overview_and_arms(filled, raw):
 
 
 def test_human_reference_names_its_source(filled):
-    ref = filled.query("SELECT * FROM human_reference WHERE ratio = '2/3' AND round = 1").row(0, named=True)
+    ref = filled.query("SELECT * FROM human_reference WHERE kind = 'result' AND ratio = '2/3' AND round = 1").row(0, named=True)
     assert "Nagel (1995)" in ref["source"]
     assert (ref["mean"], ref["median"]) == (36.73, 33.0)
 

@@ -152,7 +152,12 @@ class Warehouse(WarehouseFile):
         """
         if not shards:
             return 0
-        frame = pl.concat([g.select(GUESS_COLUMNS) for g, _ in shards], how="vertical_relaxed")
+        # Guesses from per-agent engines may leave out the shared-context columns: not shared.
+        defaults = {"shared_prompt": pl.lit(False), "context": pl.lit(None, pl.String)}
+        frame = pl.concat(
+            [g.with_columns(**{c: v for c, v in defaults.items() if c not in g.columns}).select(GUESS_COLUMNS) for g, _ in shards],
+            how="vertical_relaxed",
+        )
         frame = GuessRows.validate(frame, lazy=True)
         keys = {(s["run_id"], s["round"]) for _, s in shards}
         (run_id, round_) = min(keys)

@@ -93,11 +93,11 @@ def test_a_running_experiments_page_gains_a_round_without_a_reload(served):
     with Chromium(allow=("127.0.0.1",)) as browser:
         load = browser.open(url, canvases=2)
         assert re.search(r"rounds played\s+1\b", browser.text())
-        plots = len(browser.canvases())
+        plots = len([c for c in browser.canvases() if c["inked"]])
         browser.evaluate("window.__not_reloaded = true")
         experiment(LIVE, db=str(served["db"]))  # the next round lands in the warehouse
         wait_for(lambda: (t := browser.text()) and re.search(r"rounds played\s+2\b", t) and t, 60, "round 2 on the open page")
         assert browser.evaluate("window.__not_reloaded === true")  # the same page, updated in place
-        # Round 2's histogram joins the page: one more plot, drawn.
-        wait_for(lambda: len([c for c in browser.canvases() if c["inked"]]) == plots + 1, 30, "round 2's histogram")
+        # Round 2's histogram joins the page: more plots, drawn.
+        wait_for(lambda: len([c for c in browser.canvases() if c["inked"]]) > plots, 30, "round 2's histogram")
     assert not load.errors, load.errors

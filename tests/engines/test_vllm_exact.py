@@ -79,7 +79,6 @@ def test_vllm_distributions_sum_to_one_and_answers_are_drawn_from_them(engines):
     assert (out.prompt_tokens > 40).all() and (out.completion_tokens >= 1).all()
 
 
-@pytest.mark.xfail(strict=True, reason="the prepared HF tokenizer adds no BOS token; llama.cpp adds one (engines/convert.py)")
 def test_vllm_and_llamacpp_agree_on_the_quickstart_round_1_distributions(engines):
     vllm, llama = engines
     sampling = Sampling(0.7, 8)

@@ -95,17 +95,17 @@ def bench_llamacpp(work: Workload, repeat: int) -> list[Timing]:
     path = str(resolve("gemma-3-270m"))
     llm = Llama(model_path=path, n_ctx=2048, n_threads=work.threads, n_threads_batch=work.threads, seed=0, verbose=False)
     grammar = LlamaGrammar.from_string(number_gbnf(CONSTRAINT.low, CONSTRAINT.high, CONSTRAINT.integer), verbose=False)
-    spec = LlamaCppSpec()
 
     def plain() -> list[str]:
         return [
             llm.create_completion(p, max_tokens=SAMPLING.max_tokens, temperature=SAMPLING.temperature, top_p=SAMPLING.top_p,
-                                  top_k=spec.top_k, min_p=spec.min_p, repeat_penalty=spec.repeat_penalty,
+                                  top_k=SAMPLING.top_k, min_p=SAMPLING.min_p, repeat_penalty=SAMPLING.repeat_penalty,
                                   seed=int(s), grammar=grammar)["choices"][0]["text"].strip()
             for p, s in zip(work.prompts, work.seeds)
         ]
 
-    engine = LlamaCppEngine(LlamaCppSpec(n_threads=work.threads))
+    # The per-agent path (benchmarks/shared_context.py measures the shared one against it).
+    engine = LlamaCppEngine(LlamaCppSpec(n_threads=work.threads, shared_context=False))
     batch = work.batch()
     try:
         # Alternate the two so that load from elsewhere on the machine hits both alike.

@@ -67,10 +67,11 @@ def bench_vllm(batch: RequestBatch, repeat: int, spec_args: dict) -> list[Timing
     from engines.vllm import VllmEngine, VllmSpec
 
     start = time.perf_counter()
-    engine = VllmEngine(VllmSpec(**spec_args))
+    engine = VllmEngine(VllmSpec(**{"shared_context": False, **spec_args}))  # the per-agent path
     print(f"  model load: {time.perf_counter() - start:.1f} s ({engine.spec.model} → {engine.llm.llm_engine.model_config.model})")
     plain_params = SamplingParams(
-        temperature=SAMPLING.temperature, top_p=SAMPLING.top_p, max_tokens=SAMPLING.max_tokens,
+        temperature=SAMPLING.temperature, top_p=SAMPLING.top_p, top_k=SAMPLING.top_k, min_p=SAMPLING.min_p,
+        repetition_penalty=SAMPLING.repeat_penalty, max_tokens=SAMPLING.max_tokens,
         structured_outputs=StructuredOutputsParams(regex=CONSTRAINT.regex),
     )
     prompts = list(batch.prompt)

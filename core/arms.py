@@ -16,7 +16,7 @@ from core.game import GameRule
 from core.personas import BACKSTORY
 
 if TYPE_CHECKING:  # the core imports no other package: arms only hold these
-    from engines import EngineSpec
+    from engines import EngineSpec, SamplingSettings
     from prompts.modes import PromptMode
 
 
@@ -33,6 +33,7 @@ class Arm:
     max_reasoning_tokens: int = 256
     max_answer_tokens: int = 8
     custom: PromptMode | None = None  # a user's own template (arms.prompts mapping)
+    sampling: SamplingSettings | None = None  # arms.sampling (None: its defaults)
 
     @property
     def mode(self) -> PromptMode:

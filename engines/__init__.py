@@ -42,19 +42,44 @@ class Constraint:
     @property
     def regex(self) -> str:
         """A regular expression matching exactly the allowed answers (integers only
-        when ``integer``; otherwise up to two decimals)."""
+        when ``integer``; otherwise up to two decimals), after one optional space: the
+        language of llama.cpp's grammar (``number_gbnf``), the same on every engine, so
+        that a prompt ending in a colon continues with its most natural token."""
         from prompts.answers import number_regex
 
-        return number_regex(self.low, self.high, self.integer)
+        return " ?" + number_regex(self.low, self.high, self.integer)
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters shared by every request of a batch."""
+    """Sampling parameters shared by every request of a batch, the same on every engine.
+
+    The knobs besides ``temperature`` and ``max_tokens`` come from the arm
+    (``arms.sampling``, ``SamplingSettings``); their defaults are llama.cpp's, which keep a
+    small base model from looping. ``engines.exact.Chain`` documents the order in
+    which they apply.
+    """
 
     temperature: float = 0.7
     max_tokens: int = 8
     top_p: float = 1.0
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+
+
+class SamplingSettings(BaseModel):
+    """``arms.sampling``: the sampling chain of every arm, on every engine (temperature: ``arms.temperatures``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: the smallest set of tokens with this much probability (1 = off).")
+    top_k: int = Field(40, ge=0, description="Only the k likeliest tokens (0 = off).")
+    min_p: float = Field(0.05, ge=0, le=1, description="Only tokens at least this fraction as likely as the likeliest (0 = off).")
+    repeat_penalty: float = Field(1.1, gt=0, description="Penalty on tokens already generated in this completion (1 = off); keeps small base models from looping.")
+
+    def sampling(self, temperature: float, max_tokens: int) -> Sampling:
+        return Sampling(temperature, max_tokens, self.top_p, self.top_k, self.min_p, self.repeat_penalty)
 
 
 @dataclass(frozen=True)
@@ -66,6 +91,7 @@ class Request:
     seed: int
     sampling: Sampling
     constraint: Constraint | None
+    opening: str | None = None
 
 
 @dataclass
@@ -80,6 +106,9 @@ class RequestBatch:
         constraint: the answer constraint, or None for free text (reasoning phase).
         rule: the game being played; LLM engines ignore it (the prompt says it all),
             the simulated engine's behavioural rules need it to best-respond.
+        opening: chat format only (engines whose ``prompt_format`` is ``chat``): the text
+            that opens each agent's assistant turn, which the model continues; ``prompt``
+            is then the user's message. None: ``prompt`` is plain text to continue.
     """
 
     agent_id: np.ndarray
@@ -88,13 +117,15 @@ class RequestBatch:
     sampling: Sampling = field(default_factory=Sampling)
     constraint: Constraint | None = None
     rule: "GameRule | None" = None
+    opening: Sequence[str] | None = None
 
     def __len__(self) -> int:
         return len(self.agent_id)
 
     def __iter__(self) -> Iterator[Request]:
-        for agent_id, prompt, seed in zip(self.agent_id.tolist(), self.prompt, self.seed.tolist()):
-            yield Request(agent_id, prompt, seed, self.sampling, self.constraint)
+        openings = self.opening if self.opening is not None else [None] * len(self)
+        for agent_id, prompt, seed, opening in zip(self.agent_id.tolist(), self.prompt, self.seed.tolist(), openings):
+            yield Request(agent_id, prompt, seed, self.sampling, self.constraint, opening)
 
 
 @dataclass(frozen=True)
@@ -120,6 +151,13 @@ class CompletionBatch:
     latency_s: np.ndarray
     attempts: np.ndarray
     error: list[str | None]
+    #: Shared-context answers (``engines.exact``): True where the prompt was evaluated
+    #: once for every agent with the same prompt; None from per-agent engines.
+    shared_prompt: np.ndarray | None = None
+    #: Each agent's group key (its prompt's context hash) on the shared path.
+    context: list[str | None] | None = None
+    #: One row per group and answer: context, answer, probability, agents (polars frame).
+    distributions: Any = None
 
     def __len__(self) -> int:
         return len(self.text)
@@ -139,7 +177,12 @@ class CompletionBatch:
 # --------------------------------------------------------------------------- protocol
 @runtime_checkable
 class Engine(Protocol):
-    """What every engine does. ``kind`` and ``model`` label every stored guess."""
+    """What every engine does. ``kind`` and ``model`` label every stored guess.
+
+    An engine may also set ``prompt_format = "chat"``: it then receives each prompt split
+    into the user's message and the assistant's opening (``RequestBatch.opening``) and
+    applies its model's chat template; without it prompts are plain text (completion).
+    """
 
     kind: str
     model: str
@@ -167,6 +210,27 @@ class EngineSpec(BaseModel):
     def model_name(self) -> str:
         """The model label stored with every guess."""
         raise NotImplementedError
+
+    def prompting(self) -> dict[str, Any]:
+        """How this engine will format prompts, resolved before a run starts and stored with it.
+
+        Returns:
+            ``{"format": "completion" | "chat", "chat_template_sha256": digest or None}``.
+
+        Raises:
+            engines.models.ModelError: the model cannot be prompted as configured
+                (e.g. ``chat`` for a model without a chat template).
+        """
+        return {"format": "completion", "chat_template_sha256": None}
+
+    def check_context(self, prompts: Sequence[str], reserve: int, mode: str) -> None:
+        """Refuse prompts that cannot fit the model's context with ``reserve`` tokens to spare.
+
+        Engines that count tokens locally override it; the default checks nothing.
+
+        Raises:
+            ValueError: one line naming the setting, the tokens needed and the limit.
+        """
 
     @property
     def key(self) -> str:

@@ -2,20 +2,25 @@
 
 The default model is Gemma 3 270M, assembled from its PyPI package on first use (see
 ``engines.models``). Answers are constrained by a GBNF grammar to a number in the
-game's range; requests run in prompt order so the KV cache reuses shared prefixes.
+game's range; requests run in prompt order so the KV cache reuses shared prefixes. In chat
+format the prompt is wrapped in the chat template of the GGUF's metadata.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Sequence
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
-from engines.models import DEFAULT_MODEL, MODELS, gguf_path
+from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, Sampling, register
+from engines.exact import Chain
+from engines.llamacpp_shared import SharedContext
+from engines.models import DEFAULT_MODEL, MODELS, gguf_path, is_path, prompt_format, unknown_model
 from prompts.answers import number_gbnf
+from prompts.chat import ChatTemplate, PromptFormat
 
 #: llama.cpp reads this seed as "pick one at random": never pass it.
 _RANDOM_SEED = 0xFFFFFFFF
@@ -29,14 +34,101 @@ class LlamaCppSpec(EngineSpec):
     n_ctx: int = Field(2048, gt=0, description="Context window in tokens (prompt + reasoning + answer).")
     n_threads: int | None = Field(None, gt=0, description="CPU threads per model; default: the actor's num_cpus (at least 1).")
     n_batch: int = Field(512, gt=0, description="Prompt tokens evaluated per llama.cpp batch.")
-    top_k: int = Field(40, ge=0, description="Top-k sampling (0 = off).")
-    min_p: float = Field(0.05, ge=0, le=1, description="Min-p sampling.")
-    repeat_penalty: float = Field(1.1, gt=0, description="Penalty on repeated tokens (1 = off); keeps small base models from looping.")
     stop: tuple[str, ...] = Field(("\n\n",), description="Stop sequences of free-text (reasoning) requests.")
+    prompt_format: PromptFormat | None = Field(
+        None,
+        description="completion: the prompt as text to continue (base models); chat: the prompt in the GGUF's chat "
+        "template (instruct models). Default: the bundled model's; a GGUF path: chat if the file has a chat template.",
+    )
+    shared_context: bool = Field(True, description="Constrained answers from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed; false: one sampled completion per agent.")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, model: str) -> str:
+        if model not in MODELS and not is_path(model):
+            raise ValueError(unknown_model(model))
+        return model
 
     @property
     def model_name(self) -> str:
         return self.model if self.model in MODELS else Path(self.model).name
+
+    def prompting(self) -> dict[str, Any]:
+        """The prompt format and chat template digest (see ``EngineSpec.prompting``); a bundled
+        model is known without its file, a GGUF path is read (its metadata only)."""
+        if self.model in MODELS:
+            digest = MODELS[self.model].chat_template_sha256
+        else:
+            template = read_chat_template(gguf_path(self.model))
+            digest = template.sha256 if template else None
+        fmt = prompt_format(self.model, self.prompt_format, digest is not None)
+        return {"format": fmt, "chat_template_sha256": digest if fmt == "chat" else None}
+
+    def check_context(self, prompts: Sequence[str], reserve: int, mode: str) -> None:
+        """Count the prompts' tokens as the engine will send them (its vocabulary only is loaded)."""
+        from prompts.chat import split_cues
+
+        llm: Any = vocabulary(gguf_path(self.model))
+        try:
+            template = chat_template(llm)
+            if prompt_format(self.model, self.prompt_format, template is not None) == "chat":
+                texts = template.render_all(*split_cues(prompts))  # type: ignore[union-attr]
+                counts = [len(llm.tokenize(t.encode(), add_bos=False, special=True)) for t in texts]
+            else:
+                counts = [len(llm.tokenize(t.encode(), add_bos=True, special=True)) for t in prompts]
+        finally:
+            llm.close()
+        longest = max(counts, default=0)
+        if longest + reserve > self.n_ctx:
+            raise ValueError(
+                f"n_ctx: {self.n_ctx} tokens cannot hold the longest prompt of mode {mode!r} ({longest} tokens, last round) "
+                f"plus {reserve} for reasoning and answer; raise n_ctx to at least {longest + reserve}"
+            )
+
+
+def chat_template(llm: object) -> ChatTemplate | None:
+    """The chat template in a loaded GGUF's metadata, with its special tokens (None: none)."""
+    source = llm.metadata.get("tokenizer.chat_template")  # type: ignore[attr-defined]
+    if not source:
+        return None
+
+    def text(token: int) -> str:
+        return llm._model.token_get_text(token) if token != -1 else ""  # type: ignore[attr-defined]
+
+    return ChatTemplate(source, bos_token=text(llm.token_bos()), eos_token=text(llm.token_eos()))  # type: ignore[attr-defined]
+
+
+def vocabulary(path: Path) -> object:
+    """A GGUF's vocabulary and metadata, without its weights (for checks before a run).
+
+    llama.cpp warns on stderr that a vocabulary-only model has no training context even
+    when not verbose: silenced the way llama-cpp-python silences its own loading.
+    """
+    from llama_cpp import Llama
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    with suppress_stdout_stderr(disable=False):
+        return Llama(model_path=str(path), vocab_only=True, verbose=False)
+
+
+def read_chat_template(path: Path) -> ChatTemplate | None:
+    """The chat template of a GGUF file, read without loading its weights."""
+    llm = vocabulary(path)
+    try:
+        return chat_template(llm)
+    finally:
+        llm.close()  # type: ignore[attr-defined]
+
+
+def quiet() -> Any:
+    """A context that silences what llama.cpp's C code prints while a model loads (unless
+    ``KEYNES_VERBOSE=1``): ``verbose=False`` still lets lines such as ``llama_kv_cache_iswa:
+    using full-size SWA cache`` through, once from every actor. Load errors still raise."""
+    import os
+
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    return suppress_stdout_stderr(disable=os.environ.get("KEYNES_VERBOSE") == "1")
 
 
 class LlamaCppEngine:
@@ -51,19 +143,38 @@ class LlamaCppEngine:
         self.model = spec.model_name
         self.path = gguf_path(spec.model)
         threads = spec.n_threads or max(1, int(spec.num_cpus))
-        self.llm = Llama(
-            model_path=str(self.path),
-            n_ctx=spec.n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_batch=spec.n_batch,
-            seed=0,
-            verbose=False,
-        )
+        with quiet():
+            self.llm = Llama(
+                model_path=str(self.path),
+                n_ctx=spec.n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_batch=spec.n_batch,
+                seed=0,
+                verbose=False,
+            )
+        self.chat_template = chat_template(self.llm)
+        self.prompt_format = prompt_format(spec.model, spec.prompt_format, self.chat_template is not None)
         self._grammars: dict[Constraint, object] = {}
+        self._shared: SharedContext | None = None
 
     def generate(self, batch: RequestBatch) -> CompletionBatch:
-        """Complete every request; constrained ones return only the number's text."""
+        """Complete every request; constrained ones return only the number's text.
+
+        In chat format every prompt is first rendered with the model's chat template (the
+        game's prompt as the user's message, ``batch.opening`` opening the assistant's turn).
+        Constrained batches then take the shared-context path (``shared_context``): the exact
+        answer distribution of each distinct prompt, drawn per agent.
+        """
+        chat = batch.opening is not None and self.prompt_format == "chat"
+        if chat:
+            texts = self.chat_template.render_all(batch.prompt, batch.opening)  # type: ignore[union-attr]
+            batch = replace(batch, prompt=texts)
+        if batch.constraint is not None and self.spec.shared_context and len(batch):
+            if self._shared is None:
+                self._shared = SharedContext(self.llm)
+            # A chat-rendered prompt writes its own BOS (as _tokens below): none is added.
+            return self._shared.generate(batch, self.chain(batch.sampling), add_bos=not chat)
         grammar = self._grammar(batch.constraint) if batch.constraint is not None else None
         requests = list(batch)
         # Sorted prompts put shared prefixes next to each other: llama.cpp keeps the KV cache
@@ -75,22 +186,26 @@ class LlamaCppEngine:
         self.llm.reset()
         rows: list[Completion | None] = [None] * len(requests)
         for i in order:
-            rows[i] = self._complete(requests[i], grammar)
+            rows[i] = self._complete(requests[i], grammar, chat)
         return CompletionBatch.from_rows(rows)  # type: ignore[arg-type]
 
-    def _complete(self, request: Request, grammar: object | None) -> Completion:
+    def chain(self, sampling: Sampling) -> Chain:
+        """The sampling chain both paths apply (``create_completion``'s, documented in ``Chain``)."""
+        return Chain(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.repeat_penalty)
+
+    def _complete(self, request: Request, grammar: object | None, chat: bool = False) -> Completion:
         sampling = request.sampling
         seed = request.seed if request.seed != _RANDOM_SEED else _RANDOM_SEED - 1
         start = time.perf_counter()
         try:
             out = self.llm.create_completion(
-                request.prompt,
+                self._tokens(request.prompt) if chat else request.prompt,
                 max_tokens=sampling.max_tokens,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                top_k=self.spec.top_k,
-                min_p=self.spec.min_p,
-                repeat_penalty=self.spec.repeat_penalty,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repeat_penalty=sampling.repeat_penalty,
                 seed=seed,
                 grammar=grammar,
                 stop=list(self.spec.stop) if grammar is None else [],
@@ -106,6 +221,11 @@ class LlamaCppEngine:
             completion_tokens=int(usage.get("completion_tokens", 0)),
             latency_s=latency,
         )
+
+    def _tokens(self, text: str) -> list[int]:
+        """A chat-rendered prompt as tokens, as llama.cpp's own chat completion tokenizes it:
+        special tokens parsed, no BOS added (the template writes its own)."""
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
     def _grammar(self, constraint: Constraint) -> object:
         if constraint not in self._grammars:

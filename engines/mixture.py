@@ -63,6 +63,15 @@ class MixtureSpec(BaseModel):
     def model_name(self) -> str:
         return "mixture"
 
+    def prompting(self) -> dict[str, Any]:
+        """Each component's prompt format (see ``EngineSpec.prompting``)."""
+        return {"components": [c.engine.prompting() for c in self.components]}
+
+    def check_context(self, prompts: Any, reserve: int, mode: str) -> None:
+        """Every component must fit the prompts (see ``EngineSpec.check_context``)."""
+        for c in self.components:
+            c.engine.check_context(prompts, reserve, mode)
+
     @property
     def key(self) -> str:
         """A short stable hash of this spec (as ``EngineSpec.key``)."""

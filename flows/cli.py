@@ -27,6 +27,18 @@ console = Console(stderr=True)
 out = Console()
 
 
+@app.callback()
+def main_options(
+    verbose: Annotated[bool, typer.Option("--verbose", help="Also show the libraries' own output: llama.cpp's loading lines, Prefect's INFO logs.")] = False,
+) -> None:
+    """keynes: very large p-beauty-contest simulations with LLM agents."""
+    if verbose:
+        # Read where the libraries start (Prefect at import, llama.cpp in each Ray actor).
+        os.environ["KEYNES_VERBOSE"] = "1"
+        if not _LOG_LEVEL_CHOSEN:
+            os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
+
+
 def fail(message: str) -> None:
     """Print one line and exit with status 2."""
     console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
@@ -75,7 +87,16 @@ def run(
         Warehouse(cfg.db).check_writable()
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
-    from flows.experiment import experiment
+    from flows.processes import guard
+
+    for line in guard("keynes run"):  # what a killed earlier run left behind
+        console.print(line, highlight=False)
+    from flows.experiment import check_prompting, experiment
+
+    try:  # a model that cannot be prompted as configured (chat without a template) starts nothing
+        check_prompting(cfg, cfg.arms_list())
+    except ConfigError as exc:
+        fail(str(exc))
     from tasks import progress as progress_hooks
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("agents"), TimeElapsedColumn(), TimeRemainingColumn()]
@@ -94,6 +115,9 @@ def run(
 
         if ray.is_initialized():
             ray.shutdown()
+    if summary.get("message"):  # nothing was played: say why (e.g. a `continue` experiment is complete)
+        console.print(summary["message"], highlight=False)
+        return
     console.print(
         f"done: {summary['rounds_played']} round(s) played, {summary['rows_written']:,} guesses written. "
         f"Query them: keynes sql --db {cfg.db} \"select * from round_summary\"", highlight=False,
@@ -103,13 +127,71 @@ def run(
 
 
 @app.command()
+def plan(
+    config: Annotated[Path, typer.Argument(help="The experiment config (YAML).")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field: dotted.key=value (repeatable).")] = None,
+    sample_: Annotated[int, typer.Option("--sample", min=1, help="Agents whose prompts are rendered and counted.")] = 24,
+    calibrate: Annotated[int, typer.Option("--calibrate", min=0, help="Agents that play round 1 on the configured engine to time it (0: none; openai engines send real requests).")] = 3,
+    calls_per_second: Annotated[Optional[float], typer.Option("--calls-per-second", min=0, help="Your own throughput figure (LLM calls per second for the whole run) instead of the calibration's.")] = None,
+    format_: Annotated[str, typer.Option("--format", help="Output format: table or json.")] = "table",
+) -> None:
+    """Estimate an experiment before running it: calls, tokens, time and cost per arm. Writes nothing.
+
+    Example: keynes plan experiments/quickstart.yaml --set population.size=1000
+    """
+    from flows.config import ConfigError
+    from flows.loading import load_config
+
+    if format_ not in ("table", "json"):
+        fail(f"--format: {format_!r} is not one of table, json")
+    try:
+        cfg = load_config(config, list(set_ or []))
+    except ConfigError as exc:
+        fail(str(exc))
+    from flows.plan import plan as make_plan
+
+    plans = make_plan(cfg, sample_, calibrate, calls_per_second, say=lambda text: console.print(text, highlight=False))
+    rows = [p.row() for p in plans]
+    if format_ == "json":
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return
+    table = Table(show_header=True, header_style="bold", title=f"{cfg.name} ({cfg.experiment_id}): {cfg.population.size:,} agents, nothing run yet")
+    for column in ("arm", "engine / model", "prompt", "calls", "prompt tokens", "completion tokens", "time", "cost", "basis"):
+        table.add_column(column, justify="right" if column in ("calls", "prompt tokens", "completion tokens", "time", "cost") else "left")
+
+    def num(value) -> str:
+        return "–" if value is None else f"{value:,}"
+
+    def duration(seconds) -> str:
+        if seconds is None:
+            return "–"
+        minutes, rest = divmod(seconds, 60)
+        hours, minutes = divmod(minutes, 60)
+        return f"{int(hours)} h {int(minutes)} min" if hours else f"{int(minutes)} min {rest:.0f} s" if minutes else f"{rest:.1f} s"
+
+    for r in rows:
+        table.add_row(str(r["arm"]), f"{r['engine']} / {r['model']}", r["prompt_mode"], num(r["calls"]), num(r["prompt_tokens"]),
+                      num(r["completion_tokens"]), duration(r["seconds"]), "–" if r["cost"] is None else f"{r['cost']:,.4f}", r["basis"])
+    total = lambda key: None if any(r[key] is None for r in rows) else sum(r[key] for r in rows)  # noqa: E731
+    cost = total("cost")
+    table.add_row("all", "", "", num(total("calls")), num(total("prompt_tokens")), num(total("completion_tokens")),
+                  duration(total("seconds")), "–" if cost is None else f"{cost:,.4f}", "arms run one after another", style="bold")
+    out.print(table)
+
+
+@app.command()
 def serve(
     configs: Annotated[list[Path], typer.Argument(help="Experiment configs (YAML): one deployment each.")],
     db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse of every deployment (default: each config's `db`).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field in every deployment: dotted.key=value (repeatable).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Flow runs at once across deployments (each starts its own local Ray unless workers.ray_address is set).")] = 1,
+    report_port: Annotated[int, typer.Option("--report-port", min=0, help="The port of the report server started beside the deployments (0: none).")] = 5006,
+    report_host: Annotated[str, typer.Option("--report-host", help="The address the report server binds: 127.0.0.1 (this machine only) or e.g. 0.0.0.0 to share the pages on the network (no login: anyone who reaches the port reads them).")] = "127.0.0.1",
 ) -> None:
     """Serve deployments of the experiment flow, with each config's schedule, until stopped.
+
+    A report server runs beside them (every experiment of the configs' warehouses, live);
+    each flow run links its page in the Prefect UI.
 
     Runs start on schedule (`schedule: {cron: ...}` or `{interval_s: ...}` in the config) or
     from the Prefect UI / `prefect deployment run 'experiment/NAME'`. Needs a Prefect server:
@@ -124,9 +206,11 @@ def serve(
     from warehouse.store import Warehouse, WarehouseError
 
     overrides = list(set_ or [])
+    dbs: list[Path] = []
     try:
         for config in configs:
-            Warehouse(load_config(config, overrides + ([f"db={db}"] if db else [])).db).check_writable()
+            dbs.append(Path(load_config(config, overrides + ([f"db={db}"] if db else [])).db).resolve())
+            Warehouse(dbs[-1]).check_writable()
         from flows.deploy import deployments_for, ping
         from flows.deploy import serve as serve_deployments
 
@@ -142,9 +226,39 @@ def serve(
     problem = ping(api)
     if problem:
         fail(f"PREFECT_API_URL {api}: {problem}")
+    from flows.processes import guard
+
+    for line in guard("keynes serve"):
+        console.print(line, highlight=False)
+    if report_port:
+        from reports.urls import REPORT_URL_ENV
+
+        problem = port_taken(report_host, report_port)
+        if problem:
+            fail(f"--report-port: {problem}")
+        from reports.server import start_in_background
+
+        # Flow runs are child processes: the variable tells them where their pages are.
+        os.environ[REPORT_URL_ENV] = start_in_background(dbs, report_host, report_port)
+        console.print(f"[bold]reports[/]: {os.environ[REPORT_URL_ENV]}/ (every experiment of "
+                      f"{', '.join(sorted({p.name for p in dbs}))}, live)", highlight=False)
+    else:
+        console.print("reports: no report server (start one: keynes report --serve --db FILE)", highlight=False)
     for deployment in deployments:
         console.print(f"[bold]experiment/{deployment.name}[/]: {deployment.description}", highlight=False)
     serve_deployments(deployments, limit=limit)
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """None if ``host:port`` can be bound, else why not (one line)."""
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return f"cannot listen on {host}:{port} ({exc.strerror}); choose another port"
+    return None
 
 
 @app.command()
@@ -259,10 +373,11 @@ def report(
     db: Annotated[Path, typer.Option("--db", help="The DuckDB warehouse.")] = Path("keynes.duckdb"),
     experiment: Annotated[Optional[list[str]], typer.Option("--experiment", help="An experiment name (its newest run) or id; repeat it for one page comparing several; default: every experiment.")] = None,
     out_: Annotated[Path, typer.Option("--out", help="The HTML file (one per experiment: <stem>-<experiment id>.html when there are several).")] = Path("report.html"),
-    serve: Annotated[bool, typer.Option("--serve", help="Serve live pages on 127.0.0.1 instead of writing a file.")] = False,
+    serve: Annotated[bool, typer.Option("--serve", help="Serve live pages of every experiment instead of writing a file.")] = False,
+    host: Annotated[str, typer.Option("--host", help="The address --serve binds: 127.0.0.1 (this machine only) or e.g. 0.0.0.0 to share the pages on the network (no login: anyone who reaches the port reads them).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="The port of --serve.")] = 5006,
 ) -> None:
-    """Build the report page of an experiment: one offline HTML file, or live pages.
+    """Build the report page of an experiment: one offline HTML file, or a live report server.
 
     Example: keynes report --db keynes.duckdb --experiment quickstart --out report.html
     Compare: keynes report --experiment last-week --experiment today --out compare.html
@@ -270,14 +385,23 @@ def report(
     from reports.data import ExperimentNotFound
     from warehouse.store import WarehouseError
 
-    if not db.exists():
+    if not db.exists() and not serve:
         fail(f"--db: {str(db)!r} does not exist")
+    if serve and not db.parent.is_dir():
+        fail(f"--db: directory {str(db.parent)!r} of {str(db)!r} does not exist")
     try:
         if serve:
-            from reports.export import serve as serve_pages
+            from reports.server import serve_reports
+            from reports.urls import page_url, public_url
 
-            console.print(f"serving on http://127.0.0.1:{port}/ (Ctrl-C stops)", highlight=False)
-            serve_pages(db, experiment, port=port)
+            problem = port_taken(host, port)
+            if problem:
+                fail(f"--port: {problem}")
+            base = public_url(host, port)
+            console.print(f"serving every experiment of {db} on {base}/ (Ctrl-C stops)", highlight=False)
+            for name in experiment or []:
+                console.print(f"{name}: {page_url(base, name)}", highlight=False)
+            serve_reports([db], host=host, port=port)
             return
         if not out_.parent.exists():
             fail(f"--out: directory {str(out_.parent)!r} does not exist")
@@ -341,13 +465,33 @@ def config_reference() -> None:
     walk(ExperimentConfig)
 
 
-models_app = typer.Typer(no_args_is_help=True, help="Bundled models: make them loadable by an engine.")
+models_app = typer.Typer(no_args_is_help=True, help="Bundled models: list them, make them loadable by an engine.")
 app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The bundled models: base or instruct, default prompt format, size, and whether cached.
+
+    Example: keynes models list
+    """
+    from engines.models import MODELS, cache_dir, cached
+
+    table = Table(title=f"bundled models (cache: {cache_dir()})")
+    for column in ("model", "type", "prompt format", "size", "cached", "package (extra)", "description"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for source in MODELS.values():
+        table.add_row(
+            source.name, "instruct" if source.instruct else "base", source.prompt_format,
+            f"{source.size_bytes / 1e6:.0f} MB", "yes" if cached(source) else "no",
+            f"{source.module.replace('_', '-')} ({source.extra})", source.description,
+        )
+    out.print(table)
 
 
 @models_app.command("prepare")
 def models_prepare(
-    name: Annotated[str, typer.Argument(help="A bundled model: gemma-3-270m.")],
+    name: Annotated[str, typer.Argument(help="A bundled model: gemma-3-270m or smollm2-135m-instruct.")],
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="The folder to write (default: the model cache, $KEYNES_CACHE/models).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the folder exists.")] = False,
 ) -> None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 import engines
 from core.arms import Arm
 from core.game import GameOverride, GameRule, Groups
+from engines import SamplingSettings
 from engines.mixture import MixtureSpec
 from populations.backstories import BackstoryConfig
 from populations.spec import PopulationSpec, SpecError, load_spec, parse_spec
@@ -127,6 +128,7 @@ class ArmsConfig(Strict):
     temperatures: list[float] = Field([0.7], min_length=1, description="Sampling temperatures.")
     max_reasoning_tokens: int = Field(256, gt=0, description="Token budget of the free reasoning phase of modes that reason.")
     max_answer_tokens: int = Field(8, gt=0, description="Token budget of the (constrained) answer.")
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings, description="The sampling chain of every arm (top_p, top_k, min_p, repeat_penalty), the same on every engine.")
 
     @field_validator("prompts")
     @classmethod
@@ -268,6 +270,7 @@ class ExperimentConfig(Strict):
                                 max_reasoning_tokens=self.arms.max_reasoning_tokens,
                                 max_answer_tokens=self.arms.max_answer_tokens,
                                 custom=None if isinstance(prompt, str) else prompt.mode(),
+                                sampling=self.arms.sampling,
                             )
                         )
         return out

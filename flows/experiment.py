@@ -20,18 +20,20 @@ from prefect.states import Completed
 from core.arms import Arm, check_prompt_inputs
 from flows import monitor
 from flows.config import ConfigError, ExperimentConfig
+from flows.failures import one_line_failures
 from flows.loading import load_config
 from tasks import progress
 from tasks.environment import environment, group_environments
 from tasks.personas import personas_stage
 from tasks.play import ensure_ray, play_round, shutdown_pools, warm_pool
 from tasks.report import report_stage
+from tasks.budget import check_context
 from tasks.store import load_round, store_outcome
 from warehouse.store import Warehouse
 
 
-def run_row(config: ExperimentConfig, arm: Arm) -> dict[str, Any]:
-    """The ``runs`` row of an arm."""
+def run_row(config: ExperimentConfig, arm: Arm, prompting: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``runs`` row of an arm (``prompting``: its engine's resolved prompt format)."""
     rule = arm.rule
     return {
         "run_id": arm.run_id,
@@ -51,8 +53,32 @@ def run_row(config: ExperimentConfig, arm: Arm) -> dict[str, Any]:
         "rounds": rule.rounds,
         "equilibrium": rule.equilibrium,
         "spec": arm.engine.model_dump(mode="json"),
+        "prompting": prompting if prompting is not None else arm.engine.prompting(),
+        "sampling": arm.sampling.model_dump(mode="json"),
         "status": "running",
     }
+
+
+def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, dict[str, Any]]:
+    """Each arm's prompt format, resolved before anything runs (see ``EngineSpec.prompting``).
+
+    Raises:
+        ConfigError: one line naming the engine, e.g. ``chat`` for a GGUF without a template.
+    """
+    from engines.models import ModelError
+
+    out: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        try:
+            out[arm.run_id] = arm.engine.prompting()
+        except ModelError as exc:
+            raise ConfigError(f"arms.engines.{_engine_index(cfg, arm)}: {exc}") from None
+    return out
+
+
+def _engine_index(cfg: ExperimentConfig, arm: Arm) -> int:
+    """The position of the arm's engine in ``arms.engines`` (for error paths)."""
+    return next((i for i, e in enumerate(cfg.arms.engines) if e == arm.engine), 0)
 
 
 def round_plan(cfg: ExperimentConfig, arms: list[Arm], finished: dict[str, set[int]]) -> dict[str, list[int]]:
@@ -75,8 +101,12 @@ def _flow_run_name() -> str:
     try:
         db = params.get("db")
         cfg = load_config(source, list(params.get("overrides") or []) + ([f"db={db}"] if db else []))
-    except Exception:
-        return f"{fallback}-{time.strftime('%Y%m%d-%H%M%S')}"
+    except Exception:  # the run fails with the reason; its name still says what it was
+        try:
+            fallback = load_config(source, []).name
+        except Exception:
+            pass
+        return f"{fallback}: invalid config or override, {time.strftime('%Y-%m-%d %H:%M:%S')}"
     arms = cfg.arms_list()
     head = f"{cfg.experiment_id}: {cfg.population.size:,} agents × {len(arms)} arm(s)"
     if not cfg.continue_:
@@ -90,6 +120,7 @@ def _flow_run_name() -> str:
 
 
 @flow(name="experiment", flow_run_name=_flow_run_name, log_prints=True)
+@one_line_failures
 def experiment(config: str | dict, overrides: list[str] | None = None, db: str | None = None) -> dict[str, Any]:
     """Run (or resume) an experiment.
 
@@ -123,9 +154,10 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             f"are in {cfg.db}; nothing to play"
         )
         logger.info(message)
-        summary["complete"] = True
+        summary["complete"], summary["message"] = True, message
         return Completed(message=message, data=summary)  # type: ignore[return-value]
 
+    prompting = check_prompting(cfg, arms)
     warehouse.begin_experiment(
         cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
@@ -145,12 +177,17 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
                 check_prompt_inputs(arm, personas)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            try:
+                check_context(arm, personas)
+            except ValueError as exc:
+                raise ConfigError(f"arms.engines.{_engine_index(cfg, arm)}.{exc}") from None
         ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
         if ray_info.get("dashboard_url"):
             print(f"Ray dashboard: {monitor.publish_dashboard(ray_info['dashboard_url'])}")
             summary["dashboard_url"] = ray_info["dashboard_url"]
         for arm in arms:
-            warehouse.begin_run(run_row(cfg, arm))
+            warehouse.begin_run(run_row(cfg, arm, prompting[arm.run_id]))
+        monitor.publish_report(cfg.experiment_id)  # the live page, when a report server runs
         since = datetime.now(timezone.utc)
         # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
         with progress.reporting(monitor.Fanout(progress.current(), monitor.ArtifactProgress())):

@@ -8,12 +8,24 @@ Monitoring never fails a run: an artifact the API refuses is logged and skipped.
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (
+    TableArtifact,
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
+
+from reports.urls import page_url, report_base_url
 
 from core.arms import Arm
 from core.game import RoundOutcome
@@ -59,7 +71,7 @@ class _ArtifactBar:
 
     @property
     def description(self) -> str:
-        return f"{self.label}: {self.done:,} / {self.total:,} agents"
+        return f"**{self.label}**: {self.done:,} of {self.total:,} agents played ({self.percent:.0f} %)"
 
     def advance(self, n: int) -> None:
         self.done += n
@@ -177,17 +189,40 @@ def ray_node_names() -> dict[str, str]:
         return {}
 
 
+#: (flow run, artifact key) → the id of the table artifact that run updates in place.
+_TABLES: dict[tuple[str, str], UUID] = {}
+
+
+def _flow_run_id() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id)
+
+
+def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> None:
+    """One table artifact per flow run and key: created once, then updated in place (no new
+    version, so the run's Artifacts tab shows one card)."""
+    slot = (_flow_run_id(), key)
+    if slot not in _TABLES:
+        artifact_id = safely("create a table artifact", lambda: create_table_artifact(table=rows, key=key, description=description))
+        if artifact_id is not None:
+            _TABLES[slot] = artifact_id
+        return
+    data = json.dumps(TableArtifact._sanitize(rows))
+
+    def update() -> None:
+        with get_client(sync_client=True) as client:
+            client.update_artifact(_TABLES[slot], ArtifactUpdate(data=data, description=description))
+
+    safely("update a table artifact", update)
+
+
 def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime) -> list[dict[str, Any]]:
-    """A table artifact of the Ray workers in use (a new version after each round)."""
+    """The table artifact of the Ray workers in use, updated after each round."""
     rows = safely("read the shards table", lambda: worker_rows(warehouse, experiment_id, since, ray_node_names())) or []
     if rows:
-        safely(
-            "create the workers artifact",
-            lambda: create_table_artifact(
-                table=rows, key=artifact_key("workers", experiment_id),
-                description=f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)",
-            ),
-        )
+        publish_table(artifact_key("workers", experiment_id), rows,
+                      f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)")
     return rows
 
 
@@ -199,5 +234,24 @@ def publish_dashboard(url: str) -> str:
         "create the dashboard link",
         lambda: create_link_artifact(link=link, link_text="Ray dashboard", key="ray-dashboard",
                                      description="Live view of the Ray cluster: nodes, actors, logs"),
+    )
+    return link
+
+
+def publish_report(experiment_id: str) -> str | None:
+    """The link to the experiment's live page on the report server ``keynes serve`` started
+    (None without one: the report stage then links the written file).
+
+    Published as the run starts, so the page can be watched while rounds land; its key is the
+    report stage's, so a run never shows two report links.
+    """
+    base = report_base_url()
+    if not base:
+        return None
+    link = page_url(base, experiment_id)
+    safely(
+        "create the report link",
+        lambda: create_link_artifact(link=link, link_text=f"Live report: {experiment_id}", key=f"{artifact_key(experiment_id)}-report",
+                                     description=f"{experiment_id}: live report page (it updates as rounds land)"),
     )
     return link

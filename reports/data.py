@@ -224,3 +224,34 @@ class ReportData:
         if self.comparing:
             return f"{self.names[row['experiment_id']]} · arm {row['experiment_arm']} · {row['prompt_mode']} · {row['model']}"
         return f"arm {arm} · {row['prompt_mode']} · {row['model']}"
+
+
+def experiment_index(warehouse: Warehouse) -> pl.DataFrame:
+    """One row per experiment for the report server's index: status, agents, arms, rounds
+    played and planned, guesses stored (from the ``shards`` rows: cheap at any size), last update."""
+    return warehouse.query(
+        """WITH s AS (SELECT r.experiment_id, sum(s.n)::BIGINT AS guesses, max(s.committed_at) AS last_shard
+                      FROM shards s JOIN runs r USING (run_id) GROUP BY ALL),
+                a AS (SELECT experiment_id, count(*) AS arms, sum(rounds)::BIGINT AS rounds_planned FROM runs GROUP BY ALL),
+                d AS (SELECT r.experiment_id, count(*) AS rounds_played FROM rounds d JOIN runs r USING (run_id) GROUP BY ALL)
+           SELECT e.experiment_id, e.name, e.status, e.population, coalesce(a.arms, 0) AS arms,
+                  coalesce(d.rounds_played, 0) AS rounds_played, coalesce(a.rounds_planned, 0) AS rounds_planned,
+                  coalesce(s.guesses, 0) AS guesses, greatest(e.created_at, e.finished_at, s.last_shard) AS updated_at
+           FROM experiments e LEFT JOIN s USING (experiment_id) LEFT JOIN a USING (experiment_id)
+                LEFT JOIN d USING (experiment_id)"""
+    )
+
+
+def experiment_version(warehouse: Warehouse, experiment_id: str) -> tuple | None:
+    """What changes whenever something of an experiment is written (None: no such experiment):
+    its status, its runs' statuses, rounds and shards committed, the newest shard."""
+    frame = warehouse.query(
+        """SELECT e.status,
+                  (SELECT string_agg(status, ',' ORDER BY arm) FROM runs r WHERE r.experiment_id = e.experiment_id),
+                  (SELECT count(*) FROM rounds d JOIN runs r USING (run_id) WHERE r.experiment_id = e.experiment_id),
+                  (SELECT count(*) FROM shards s JOIN runs r USING (run_id) WHERE r.experiment_id = e.experiment_id),
+                  (SELECT max(committed_at) FROM shards s JOIN runs r USING (run_id) WHERE r.experiment_id = e.experiment_id)
+           FROM experiments e WHERE e.experiment_id = ?""",
+        [experiment_id],
+    )
+    return tuple(frame.row(0)) if frame.height else None

@@ -1,4 +1,4 @@
-"""Export: save a report page as one self-contained HTML file, or serve pages live.
+"""Export: save a report page as one self-contained HTML file (``reports.server`` serves them live).
 
 The saved file inlines every script and stylesheet (Bokeh, Panel, the template's CSS),
 so it opens offline; ``save_html`` refuses to write a page that still links one.
@@ -159,17 +159,3 @@ def write_reports(db: str | Path, out: str | Path, experiment: str | list[str] |
         written.append(save_html(build_page(data), target, title=title))
     return written
 
-
-def serve(db: str | Path, experiment: str | list[str] | None = None, port: int = 5006, show: bool = False):
-    """Serve live pages on 127.0.0.1 — ``/<experiment id>`` each, ``/compare`` for several
-    experiments compared — with a searchable table of every reasoning text; blocks.
-
-    Each request re-reads the warehouse, so a page shows a run that is still writing.
-    """
-    warehouse = Warehouse(db)
-    pages = {}
-    for page in _pages(warehouse, experiment):
-        key = "compare" if isinstance(page, list) else page
-        pages[key] = lambda page=page: build_page(_data(warehouse, page), served=True)
-    return pn.serve(pages, address="127.0.0.1", port=port, show=show, title="keynes reports",
-                    websocket_origin=[f"127.0.0.1:{port}", f"localhost:{port}"])

@@ -21,8 +21,9 @@ import ray
 
 from core.arms import Arm
 from core.seeds import agent_seeds
-from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, Sampling, build_engine
+from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine
 from prompts.answers import parse_answers
+from prompts.chat import split_cues
 from prompts.context import agent_variables
 from prompts.modes import FINAL_CUE
 from prompts.render import render
@@ -70,6 +71,9 @@ class ShardResult(_ArrowPickled):
     node: str
     worker: str
     seconds: float
+    limit_wait_s: float = 0.0  # of the engine's requests, waiting on rate limits (summed over requests)
+    #: Shared-context answers: each group's exact distribution (``answer_distributions`` rows).
+    distributions: pl.DataFrame | None = None
 
     _frame_field = "guesses"
 
@@ -84,13 +88,19 @@ class ShardPlayer:
 
     def play(self, job: ShardJob, node: str = "local") -> ShardResult:
         start = time.perf_counter()
+        waited = getattr(self.engine, "limit_wait_s", 0.0)  # engines with rate limits count their waits
         arm, rule = job.arm, job.arm.rule
         agents = job.agents
         ids = agents["agent_id"].to_numpy().astype(np.int64)
         prompts = render(arm.mode.template, job.shared, agent_variables(agents))
+        # Chat format: the prompt's last line (its cue) opens the assistant's turn instead.
+        openings = None
+        if getattr(self.engine, "prompt_format", "completion") == "chat":
+            prompts, openings = split_cues(prompts)
         # Seeds depend on (seed, round, agent) only: every arm sees the same draws (paired arms).
         seeds = (agent_seeds(job.seed, ids, "sample", job.round) & np.uint64(0xFFFFFFFF)).astype(np.int64)
         constraint = Constraint(rule.low, rule.high, rule.integer)
+        settings = arm.sampling or SamplingSettings()
         reasoning: list[str | None] = [None] * len(ids)
         tokens_in = np.zeros(len(ids), np.int64)
         tokens_out = np.zeros(len(ids), np.int64)
@@ -98,16 +108,19 @@ class ShardPlayer:
         errors: list[str | None] = [None] * len(ids)
         if arm.mode.reasoning:
             free = self.engine.generate(
-                RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_reasoning_tokens), None)
+                RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_reasoning_tokens), None, opening=openings)
             )
             reasoning = free.text
-            prompts = [p + r + FINAL_CUE for p, r in zip(prompts, free.text)]
+            if openings is not None:  # the answer continues the same assistant turn
+                openings = [o + r + FINAL_CUE for o, r in zip(openings, free.text)]
+            else:
+                prompts = [p + r + FINAL_CUE for p, r in zip(prompts, free.text)]
             tokens_in += free.prompt_tokens
             tokens_out += free.completion_tokens
             latency += free.latency_s
             errors = list(free.error)
         answer = self.engine.generate(
-            RequestBatch(ids, prompts, seeds, Sampling(arm.temperature, arm.max_answer_tokens), constraint, rule)
+            RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_answer_tokens), constraint, rule, openings)
         )
         parsed = parse_answers(pl.Series(answer.text, dtype=pl.String), rule.low, rule.high, rule.integer)
         engine_error = pl.Series([e2 or e1 for e1, e2 in zip(errors, answer.error)], dtype=pl.String)
@@ -126,6 +139,8 @@ class ShardPlayer:
                 "latency_s": latency + answer.latency_s,
                 "attempts": answer.attempts,
                 "engine_error": engine_error,
+                "shared_prompt": answer.shared_prompt if answer.shared_prompt is not None else np.zeros(len(ids), bool),
+                "context": pl.Series(answer.context if answer.context is not None else [None] * len(ids), dtype=pl.String),
             }
         ).with_columns(
             parsed["guess"].alias("guess"),
@@ -136,7 +151,14 @@ class ShardPlayer:
         guesses = guesses.with_columns(
             valid=pl.col("valid") & pl.col("engine_error").is_null(),
         ).with_columns(guess=pl.when(pl.col("valid")).then(pl.col("guess"))).drop("engine_error")
-        return ShardResult(guesses, node, self.worker, time.perf_counter() - start)
+        distributions = None
+        if answer.distributions is not None:  # shared-context answers: each group's exact distribution
+            distributions = answer.distributions.select(
+                pl.lit(arm.run_id).alias("run_id"), pl.lit(job.round, pl.Int32).alias("round"),
+                pl.lit(job.shard, pl.Int32).alias("shard"), "context", "answer", "probability", "agents",
+            )
+        return ShardResult(guesses, node, self.worker, time.perf_counter() - start,
+                           getattr(self.engine, "limit_wait_s", 0.0) - waited, distributions)
 
     def close(self) -> None:
         """Release the engine (its model and connections)."""

@@ -23,6 +23,7 @@ from prefect.cache_policies import NONE
 
 from core.arms import Arm
 from engines import EngineSpec
+from engines.limits import ensure_shared
 from engines.mixture import MixtureSpec, shard_index
 from prompts.context import game_context, groups_context, population_context
 from tasks import progress
@@ -82,6 +83,7 @@ class WorkerPool:
             "max_task_retries": 3,
             "scheduling_strategy": "SPREAD",
         }
+        ensure_shared(spec)  # an engine's rate limits, shared by its actors, belong to this driver
         self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
 
     def run(self, jobs: list[Any], on_done: Callable[[list[tuple[Any, Any]]], None], method: str = "play") -> None:

@@ -1,7 +1,8 @@
 """Stage 5, report: build the experiment's offline report page and publish Prefect artifacts.
 
 A markdown artifact summarises each round of each arm (from the ``round_summary`` view);
-a link artifact points at the saved HTML file.
+a link artifact points at the saved HTML file (unless ``keynes serve`` runs a report server:
+then the flow links the live page instead).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NONE
 
+from reports.urls import report_base_url
 from tasks.artifacts import artifact_key, safely
 from warehouse.store import Warehouse
 
@@ -56,7 +58,8 @@ def report_stage(db: str, experiment_id: str, out: str) -> str:
     safely("create the rounds artifact", lambda: create_markdown_artifact(
         markdown=rounds_markdown(rounds, experiment_id, path), key=f"{key}-rounds",
         description=f"Round summary of {experiment_id}"))
-    safely("create the report link", lambda: create_link_artifact(
-        link=path.resolve().as_uri(), link_text=f"Report: {path.name}", key=f"{key}-report",
-        description=f"Report page of {experiment_id} (a file on the machine that ran the flow)"))
+    if report_base_url() is None:  # with a report server, the flow linked the live page already
+        safely("create the report link", lambda: create_link_artifact(
+            link=path.resolve().as_uri(), link_text=f"Report: {path.name}", key=f"{key}-report",
+            description=f"Report page of {experiment_id} (a file on the machine that ran the flow)"))
     return str(path)

@@ -26,7 +26,8 @@ def commit_shards(warehouse: Warehouse, finished: list[tuple[ShardJob, ShardResu
     return warehouse.write_shards([
         (result.guesses,
          {"run_id": job.arm.run_id, "round": job.round, "shard": job.shard, "n": job.agents.height,
-          "node": result.node, "worker": result.worker, "seconds": result.seconds})
+          "node": result.node, "worker": result.worker, "seconds": result.seconds,
+          "limit_wait_s": result.limit_wait_s, "distributions": result.distributions})
         for job, result in finished
     ])
 

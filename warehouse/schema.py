@@ -191,10 +191,40 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_a, run_b, round)
     );
     """,
+    # 4 -> 5: runs.prompting: how the run's engine formatted prompts (completion or chat) and
+    # the sha256 of the chat template it applied, so the text every agent saw is reproducible
+    """
+    ALTER TABLE runs ADD COLUMN IF NOT EXISTS prompting JSON;
+    """,
+    # 5 -> 6: seconds each shard's requests waited on the engine's rate limits (openai engine's
+    # requests_per_minute / tokens_per_minute); 0 for engines without limits
+    """
+    ALTER TABLE shards ADD COLUMN IF NOT EXISTS limit_wait_s DOUBLE DEFAULT 0;
+    """,
+    # 6 -> 7: the run's sampling chain (runs.sampling); shared-context answers: each guess says
+    # whether its prompt was evaluated once for its whole group (shared_prompt) and which group
+    # (context); each group's exact answer distribution, per shard that played it (a shard's
+    # rows commit with its guesses)
+    """
+    ALTER TABLE guesses ADD COLUMN shared_prompt BOOLEAN NOT NULL DEFAULT false;
+    ALTER TABLE guesses ADD COLUMN context VARCHAR;
+    ALTER TABLE runs ADD COLUMN sampling JSON;   -- arms.sampling: top_p, top_k, min_p, repeat_penalty
+    CREATE TABLE IF NOT EXISTS answer_distributions (
+        run_id      VARCHAR NOT NULL,
+        round       INTEGER NOT NULL,
+        shard       INTEGER NOT NULL,
+        context     VARCHAR NOT NULL,   -- hash of the prompt, sampling chain and constraint
+        answer      VARCHAR NOT NULL,   -- the answer text, as stored in guesses.raw
+        probability DOUBLE NOT NULL,
+        agents      BIGINT NOT NULL,    -- the shard's agents with this context
+        PRIMARY KEY (run_id, round, shard, context, answer)
+    );
+    """,
 ]
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
 
 class SchemaError(RuntimeError):
     """The file is not a keynes warehouse this version can use."""

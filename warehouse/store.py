@@ -173,10 +173,19 @@ class Warehouse(WarehouseFile):
             ).fetchall()[0][0]
             con.unregister("new_guesses")
             con.executemany(
-                """INSERT INTO shards (run_id, round, shard, n, node, worker, seconds) VALUES (?, ?, ?, ?, ?, ?, ?)
+                """INSERT INTO shards (run_id, round, shard, n, node, worker, seconds, limit_wait_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT DO NOTHING""",
-                [[s["run_id"], s["round"], s["shard"], s["n"], s["node"], s["worker"], s["seconds"]] for _, s in shards],
+                [[s["run_id"], s["round"], s["shard"], s["n"], s["node"], s["worker"], s["seconds"], s.get("limit_wait_s", 0.0)]
+                 for _, s in shards],
             )
+            dists = [s["distributions"] for _, s in shards if s.get("distributions") is not None]
+            if dists:  # shared-context answers: their exact distributions, with the guesses they drew
+                con.register("new_distributions", pl.concat(dists, how="vertical_relaxed").to_arrow())
+                con.execute(
+                    """INSERT INTO answer_distributions SELECT run_id, round, shard, context, answer, probability, agents
+                       FROM new_distributions ON CONFLICT DO NOTHING"""
+                )
+                con.unregister("new_distributions")
         return inserted
 
     def round_guesses(self, run_id: str, round_: int) -> pl.DataFrame:

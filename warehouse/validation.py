@@ -30,6 +30,8 @@ class GuessRows(pa.DataFrameModel):
     latency_s: float = pa.Field(ge=0)
     attempts: int = pa.Field(ge=0)
     error: str = pa.Field(nullable=True)
+    shared_prompt: bool
+    context: str = pa.Field(nullable=True)
 
     class Config:
         strict = True

@@ -92,8 +92,9 @@ def _static_views() -> dict[str, tuple[str, str]]:
                 FROM guesses g JOIN ({_ARM}) a USING (run_id) GROUP BY ALL""",
         ),
         "guess_stats_by_model": (
-            "Guesses by experiment, engine, model and round: n, valid, invalid rate, mean, median, sd, 95 % CI.",
-            f"""SELECT a.experiment_id, a.engine, a.model, g.round, {_STATS}
+            "Guesses by experiment, engine, model and round (the model that answered: a mixture's guesses count for "
+            "their own models): n, valid, invalid rate, mean, median, sd, 95 % CI.",
+            f"""SELECT a.experiment_id, g.engine, g.model, g.round, {_STATS}
                 FROM guesses g JOIN ({_ARM}) a USING (run_id) GROUP BY ALL""",
         ),
         "guess_stats_by_rule": (
@@ -201,6 +202,43 @@ def _persona_views(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, str]]
                      JOIN persona_attributes p ON p.experiment_id = a.experiment_id AND p.agent_id = g.agent_id
                 GROUP BY ALL""",
         ),
+        "exact_answers": (
+            "Shared-context answers: per arm, round and group (context: one distinct prompt) its exact answer "
+            "distribution — answer, probability (no sampling noise) and the agents that drew from it.",
+            """SELECT a.experiment_id, a.run_id, a.arm, a.engine, a.model, a.prompt_mode, a.rule, d.round, d.context,
+                      d.answer, TRY_CAST(d.answer AS DOUBLE) AS value, avg(d.probability) AS probability,
+                      sum(d.agents)::BIGINT AS agents
+               FROM answer_distributions d JOIN ({arm}) a USING (run_id)
+               GROUP BY ALL""".format(arm=_ARM),
+        ),
+        "exact_answers_by_attribute": (
+            "Shared-context answers by arm, round and demographic attribute value: the exact distribution of "
+            "the answer of an agent drawn at random from that value (the mixture of its agents' groups), its "
+            "expected answer, entropy (bits) and mode — for the reports, without sampling noise.",
+            """WITH members AS (
+                   SELECT g.run_id, g.round, g.context, p.attribute, p.value, count(*) AS agents
+                   FROM guesses g JOIN runs r USING (run_id)
+                        JOIN persona_attributes p ON p.experiment_id = r.experiment_id AND p.agent_id = g.agent_id
+                   WHERE g.context IS NOT NULL GROUP BY ALL),
+               dist AS (
+                   SELECT run_id, round, context, answer, avg(probability) AS probability
+                   FROM answer_distributions GROUP BY ALL),
+               mixture AS (
+                   SELECT m.run_id, m.round, m.attribute, m.value, d.answer,
+                          sum(m.agents * d.probability) / any_value(t.agents) AS probability, any_value(t.agents) AS agents
+                   FROM members m JOIN dist d USING (run_id, round, context)
+                        JOIN (SELECT run_id, round, attribute, value, sum(agents) AS agents FROM members GROUP BY ALL) t
+                          USING (run_id, round, attribute, value)
+                   GROUP BY ALL)
+               SELECT a.experiment_id, a.run_id, a.arm, a.engine, a.model, a.prompt_mode, a.rule, x.round,
+                      x.attribute, x.value, any_value(x.agents)::BIGINT AS agents,
+                      sum(x.probability * TRY_CAST(x.answer AS DOUBLE)) AS expected,
+                      -sum(CASE WHEN x.probability > 0 THEN x.probability * log2(x.probability) ELSE 0 END) AS entropy_bits,
+                      arg_max(x.answer, x.probability) AS mode, max(x.probability) AS mode_probability,
+                      sum(x.probability) AS total_probability
+               FROM mixture x JOIN ({arm}) a USING (run_id)
+               GROUP BY ALL""".format(arm=_ARM),
+        ),
         **depth_views.persona_views(_ARM),
     }
 
@@ -228,8 +266,8 @@ def stale_views(con: duckdb.DuckDBPyConnection) -> list[str]:
 def ensure_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Create or replace the views that are missing or out of date; return their names.
 
-    Order matters: ``population_composition`` and ``guess_stats_by_attribute`` read
-    ``persona_attributes``, which is defined before them.
+    Order matters: ``population_composition``, ``guess_stats_by_attribute`` and
+    ``exact_answers_by_attribute`` read ``persona_attributes``, which is defined before them.
     """
     stale = stale_views(con)
     views = definitions(con)

@@ -98,9 +98,11 @@ def test_a_prompt_beyond_the_context_fails_alone(gguf):
 
 
 def test_an_unknown_model_is_named():
-    with pytest.raises(ModelError, match="unknown model 'gemma-7b'; available: gemma-3-270m"):
-        build_engine(parse_spec({"kind": "llamacpp", "model": "gemma-7b"}))
-
+    # Refused when the config is read, before any engine is built.
+    with pytest.raises(ValueError, match="unknown model 'gemma-7b'; available: gemma-3-270m, smollm2-135m-instruct, or a path"):
+        parse_spec({"kind": "llamacpp", "model": "gemma-7b"})
+    with pytest.raises(ModelError, match="model file '/nowhere/gemma-7b.gguf' does not exist"):
+        build_engine(parse_spec({"kind": "llamacpp", "model": "/nowhere/gemma-7b.gguf"}))
 
 
 def test_real_gemma_agents_play_basic_and_chain_of_thought(prefect_api, local_ray, db):

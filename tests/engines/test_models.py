@@ -59,7 +59,7 @@ def test_a_gguf_path_is_used_as_is(tmp_path):
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("gemma-9000", "unknown model 'gemma-9000'; available: gemma-3-270m, or a path to a .gguf file"),
+        ("gemma-9000", "unknown model 'gemma-9000'; available: gemma-3-270m, smollm2-135m-instruct, or a path to a .gguf file"),
         ("/nowhere/model.gguf", "model file '/nowhere/model.gguf' does not exist"),
     ],
 )
@@ -74,3 +74,20 @@ def test_cache_dir_follows_keynes_cache(monkeypatch, tmp_path):
     assert models.cache_dir() == tmp_path / "c" / "models"
     monkeypatch.delenv("KEYNES_CACHE")
     assert models.cache_dir().parts[-3:] == (".cache", "keynes", "models")
+
+
+def test_models_list_shows_the_bundled_models(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
+    gguf_path("smollm2-135m-instruct")  # in this cache; Gemma is not
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(app, ["models", "list"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:6]] for line in result.stdout.splitlines() if "│" in line and "MB" in line}
+    assert rows == {
+        "gemma-3-270m": ["base", "completion", "253 MB", "no"],
+        "smollm2-135m-instruct": ["instruct", "chat", "98 MB", "yes"],
+    }

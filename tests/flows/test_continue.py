@@ -114,7 +114,7 @@ def test_each_run_shows_progress_round_outcomes_and_workers_in_the_ui(serial_run
     # one progress bar per arm of this round, finished
     progress = {a.key: a for a in by_type["progress"]}
     assert set(progress) == {f"progress-{r}-round-2" for r in run_ids}
-    assert all(a.data == 100.0 and "40 / 40 agents" in a.description for a in progress.values())
+    assert all(a.data == 100.0 and "40 of 40 agents played (100 %)" in a.description for a in progress.values())
     # one markdown outcome per arm of this round, with the stored figures
     markdown = {a.key: a.data for a in by_type["markdown"]}
     assert set(markdown) == {f"{r}-round-2" for r in run_ids}

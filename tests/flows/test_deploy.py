@@ -5,6 +5,7 @@ the module's server is stopped, so the tests may run in any order)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,11 +115,14 @@ def served(tmp_path_factory):
         serve_env = {**env, "PREFECT_API_URL": api, "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
         serve_env.pop("PREFECT_LOGGING_LEVEL")  # keynes serve logs flow runs at INFO, for the UI
         serve_log = open(folder / "serve.log", "w")
+        report_port = free_port()
         serve = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "serve", str(configs["manual"]), str(configs["ticker"])],
+            [sys.executable, "-m", "flows.cli", "serve", str(configs["manual"]), str(configs["ticker"]),
+             "--report-port", str(report_port)],
             env=serve_env, stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
         )
-        yield {"api": api, "folder": folder, "configs": configs, "serve": serve, "ray_tmp": ray_tmp, "home": home}
+        yield {"api": api, "folder": folder, "configs": configs, "serve": serve, "ray_tmp": ray_tmp, "home": home,
+               "reports": f"http://127.0.0.1:{report_port}"}
     finally:
         codes = []
         if serve is not None:
@@ -222,3 +226,82 @@ def test_the_interval_schedule_runs_by_itself(served):
     assert q(db, "select round, n from rounds") == [(1, 12)]
     assert q(db, "select count(*) from guesses") == [(12,)]
     assert "is complete" in runs[-1].state.message and "nothing to play" in runs[-1].state.message
+
+
+def _run_artifacts(api: str, flow_run_id) -> list:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with _client(api) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
+@pytest.fixture(scope="module")
+def reporting(served):
+    """A second `keynes serve` against the same Prefect server, with its report server: one
+    deployment (`reporting`) on its own runner, so ticker's schedule never holds its slot."""
+    folder = served["folder"]
+    config = folder / "reporting.yaml"
+    config.write_text(yaml.safe_dump({**MANUAL, "name": "reporting", "db": str(folder / "reporting.duckdb")}))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(served["home"]), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=served["api"],
+               PREFECT_RUNNER_POLL_FREQUENCY="2", RAY_TMPDIR=served["ray_tmp"], RAY_AUTH_MODE="disabled", **SLOW_MACHINE)
+    log = open(folder / "reporting.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", str(config), "--report-port", str(port)],
+                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+    try:
+        wait_for(lambda: "reporting" in _deployments(served["api"]), 120, "the reporting deployment")
+        yield {**served, "reports": f"http://127.0.0.1:{port}", "log": folder / "reporting.log"}
+    finally:
+        stop(process)
+
+
+def test_a_runs_artifacts_link_its_live_report_page_and_nothing_is_duplicated(reporting):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.reports.browser import Chromium
+
+    with temporary_settings(updates={PREFECT_API_URL: reporting["api"]}):
+        run = run_deployment("experiment/reporting", parameters={"overrides": ["seed=4"]}, timeout=240, poll_interval=2)
+    assert run.state.is_completed(), (run.state, reporting["log"].read_text()[-3000:])
+    artifacts = _run_artifacts(reporting["api"], run.id)
+    by_type: dict[str, list] = {}
+    for artifact in artifacts:
+        by_type.setdefault(artifact.type, []).append(artifact)
+    experiment_id = run.name.split(":")[0]
+    # One workers table (updated in place after each of the 2 rounds), one report link,
+    # one progress bar per round of the arm, each at 100 %; no key appears twice.
+    assert [a.key for a in by_type["table"]] == [f"workers-{experiment_id}"]
+    assert len(by_type["progress"]) == 2
+    assert all(a.data == 100.0 and "of 30 agents played" in a.description for a in by_type["progress"])
+    keys = [a.key for a in artifacts if a.key]
+    assert len(keys) == len(set(keys)), keys
+    # Prefect keeps a link artifact as a markdown link: [text](url).
+    links = [a for a in artifacts if a.key and a.key.endswith("-report")]
+    assert len(links) == 1 and links[0].key == f"{experiment_id}-report"
+    link = re.search(r"\]\((\S+)\)", links[0].data).group(1)
+    assert link.startswith(reporting["reports"] + "/experiment?id="), link
+    with Chromium(allow=("127.0.0.1",)) as browser:
+        load = browser.open(link, canvases=3)
+        text = browser.text()
+    assert experiment_id in text and "Overview" in text
+    assert not load.errors, load.errors
+
+
+def test_a_bad_override_from_the_ui_fails_in_one_line_without_a_traceback(reporting):
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: reporting["api"]}):
+        run = run_deployment("experiment/reporting", parameters={"overrides": ["population.size=-3"]}, timeout=240, poll_interval=2)
+    expected = "population.size: -3: input should be greater than 0"
+    assert run.state.is_failed() and run.state.message == expected, run.state
+    assert run.name.startswith("reporting: invalid config or override, "), run.name
+    # The logs reach the API a moment after the state.
+    with _client(reporting["api"]) as client:
+        logs = wait_for(lambda: (found := client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id]))))
+                        and any(expected in log.message for log in found) and found, 30, "the run's logs")
+    text = "\n".join(log.message for log in logs)
+    assert "Traceback" not in text and "Encountered exception" not in text, text

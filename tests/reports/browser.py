@@ -84,7 +84,9 @@ class PageLoad:
 class Chromium:
     """One headless Chromium process and one page in it."""
 
-    def __init__(self, width: int = 1400, height: int = 1000, loopback: bool = False):
+    def __init__(self, width: int = 1400, height: int = 1000, allow: tuple[str, ...] = ()):
+        """``allow``: hosts the page may reach (e.g. a local server's 127.0.0.1); nothing else resolves."""
+        rules = ", ".join(["MAP * ~NOTFOUND"] + [f"EXCLUDE {host}" for host in allow])
         self.profile = tempfile.mkdtemp(prefix="keynes-chromium-")
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
@@ -104,9 +106,7 @@ class Chromium:
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--disable-dev-shm-usage", "--hide-scrollbars", "--remote-debugging-pipe",
              # No network at all: a page that needs one fails loudly here.
-             # (``loopback``: except 127.0.0.1, for pages served on this machine.)
-             "--host-resolver-rules=MAP * ~NOTFOUND" + (", EXCLUDE 127.0.0.1" if loopback else ""),
-             f"--user-data-dir={self.profile}", "about:blank"],
+             f"--host-resolver-rules={rules}", f"--user-data-dir={self.profile}", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             # Not close_fds: it would run after child_fds and close 3 and 4 again.
             preexec_fn=child_fds, close_fds=False,

@@ -172,7 +172,7 @@ def test_keynes_report_serve_answers_on_localhost(quickstart):
         deadline, body = time.monotonic() + 180, ""
         while time.monotonic() < deadline and server.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/{summary['experiment_id']}", timeout=60) as response:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/experiment?id={summary['experiment_id']}", timeout=60) as response:
                     body = response.read().decode()
                     break
             except OSError:

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-#: What a schedule may say: "pass", "429", "500" (any 4xx/5xx), "delay:SECONDS", "reset", "rewrite:TEXT".
+#: What a schedule may say: "pass", "429", "500" (any 4xx/5xx), "retry-after:SECONDS" (a 429 with that
+#: Retry-After header), "delay:SECONDS", "reset", "rewrite:TEXT".
 Action = str
 Schedule = Callable[[int, dict], Action]
 
@@ -120,6 +121,11 @@ class FaultProxy:
                     message = {"error": {"message": f"injected HTTP {action}", "type": "injected", "code": int(action)}}
                     await _respond(writer, int(action), json.dumps(message).encode())
                     continue
+                if action.startswith("retry-after:"):
+                    event.status = 429
+                    message = {"error": {"message": "injected rate limit", "type": "rate_limit", "code": 429}}
+                    await _respond(writer, 429, json.dumps(message).encode(), {"Retry-After": action.split(":", 1)[1]})
+                    continue
                 if action.startswith("delay:"):
                     await asyncio.sleep(float(action.split(":", 1)[1]))
                 status, response = await self._forward(method, path, headers, body)
@@ -183,10 +189,11 @@ async def _read_message(reader: asyncio.StreamReader, request: bool) -> tuple[st
     return head, headers, body
 
 
-async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
+async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
     reason = {200: "OK", 429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}.get(status, "Status")
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            "Connection: keep-alive\r\n\r\n")
+            f"{extra}Connection: keep-alive\r\n\r\n")
     writer.write(head.encode() + body)
     await writer.drain()
 

@@ -1,0 +1,155 @@
+"""Shared-context answers against the per-agent path, side by side, on Gemma 3 270M (llama.cpp).
+
+(a) round 1, education population, basic mode: N agents on the shared path; the per-agent path
+    on a subsample of the same prompts (its cost is linear in agents); answers/s, CPU s, ratio.
+(b) a 3-round basic-mode experiment through ``keynes run``, shared vs ``shared_context=false``.
+(c) chain of thought, both paths (the reasoning is per agent on both).
+(d) N agents, round 1, through ``keynes run`` (shared): wall time and peak memory.
+
+    uv run --extra llamacpp python benchmarks/shared_context.py --sections a,c
+    uv run --extra llamacpp python benchmarks/shared_context.py --sections b --agents 1000
+    uv run --extra llamacpp python benchmarks/shared_context.py --sections d --agents 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from populations.sampler import sample  # noqa: E402
+from populations.spec import load_spec  # noqa: E402
+from prompts.modes import FINAL_CUE  # noqa: E402
+from prompts.render import render  # noqa: E402
+from engines import Constraint, RequestBatch, Sampling  # noqa: E402
+from core.game import GameRule  # noqa: E402
+from core.seeds import agent_seeds  # noqa: E402
+from prompts.context import agent_variables, game_context  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+RULE = GameRule()
+CONSTRAINT = Constraint(RULE.low, RULE.high, RULE.integer)
+
+
+def workload(n: int, template: str = "basic.j2") -> RequestBatch:
+    personas = sample(load_spec("education.yaml"), n, seed=1)
+    shared = {"game": game_context(RULE, n), "round": 1, "history": []}
+    prompts = render(template, shared, agent_variables(personas))
+    ids = personas["agent_id"].to_numpy().astype(np.int64)
+    seeds = (agent_seeds(1, ids, "sample", 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    return RequestBatch(ids, prompts, seeds, Sampling(0.7, 8), CONSTRAINT)
+
+
+def subsample(batch: RequestBatch, m: int) -> RequestBatch:
+    idx = np.linspace(0, len(batch) - 1, m).astype(int)
+    return RequestBatch(batch.agent_id[idx], [batch.prompt[i] for i in idx], batch.seed[idx], batch.sampling, batch.constraint)
+
+
+def timed(fn):
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def row(label: str, answers: int, wall: float, cpu: float) -> float:
+    rate = answers / wall
+    print(f"  {label:34s} {answers:>9,} answers {wall:8.1f} s  {rate:10.1f} answers/s  {cpu / answers * 1000:8.2f} ms CPU/answer")
+    return rate
+
+
+def engine(shared: bool, threads: int):
+    from engines.llamacpp import LlamaCppEngine, LlamaCppSpec
+
+    return LlamaCppEngine(LlamaCppSpec(n_threads=threads, shared_context=shared))
+
+
+def section_a(n: int, per_agent_n: int, threads: int) -> None:
+    print(f"(a) round 1, education, basic: {n:,} agents shared, {per_agent_n} per agent (same prompts)")
+    batch = workload(n)
+    shared, per_agent = engine(True, threads), engine(False, threads)
+    _, w1, c1 = timed(lambda: per_agent.generate(subsample(batch, per_agent_n)))
+    _, w2, c2 = timed(lambda: shared.generate(batch))
+    r1 = row("per-agent path", per_agent_n, w1, c1)
+    r2 = row("shared-context path", n, w2, c2)
+    print(f"  ratio shared / per-agent: {r2 / r1:,.0f}x answers/s")
+
+
+def section_c(n: int, threads: int, max_reasoning: int = 48) -> None:
+    print(f"(c) chain of thought, {n} agents, {max_reasoning} reasoning tokens: reasoning per agent on both paths")
+    batch = workload(n, "cot.j2")
+    free = RequestBatch(batch.agent_id, batch.prompt, batch.seed, Sampling(0.7, max_reasoning), None)
+    rates = []
+    for label, shared in (("per-agent path", False), ("shared-context answer phase", True)):
+        e = engine(shared, threads)
+
+        def both():
+            reasoning = e.generate(free)
+            prompts = [p + r + FINAL_CUE for p, r in zip(batch.prompt, reasoning.text)]
+            return e.generate(RequestBatch(batch.agent_id, prompts, batch.seed, batch.sampling, CONSTRAINT))
+
+        _, wall, cpu = timed(both)
+        rates.append(row(label, n, wall, cpu))
+        e.close()
+    print(f"  ratio: {rates[1] / rates[0]:.2f}x decisions/s")
+
+
+def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int = 2) -> tuple[float, float]:
+    """Wall seconds and peak RSS (GiB, this process's children) of one ``keynes run``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "flows.cli", "run", str(REPO / "experiments/quickstart.yaml"), "--db", f"{tmp}/b.duckdb",
+               "--set", f"population.size={n}", "--set", f"game.rounds={rounds}", "--set", "arms.prompts=[basic]",
+               "--set", f"workers.shard_size={shard_size}", "--set", f"workers.actors={actors}",
+               "--set", f"arms.engines=[{{kind: llamacpp, shared_context: {str(shared).lower()}}}]",
+               "--set", "report.enabled=false"]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+        wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1 << 20)
+    return wall, peak
+
+
+def section_b(n: int, per_agent_n: int) -> None:
+    print(f"(b) 3 rounds, basic, through keynes run: {n:,} agents shared, {per_agent_n} per agent")
+    w1, _ = keynes_run(per_agent_n, 3, False, max(1, per_agent_n // 4))
+    w2, _ = keynes_run(n, 3, True, max(1, n // 4))
+    r1, r2 = 3 * per_agent_n / w1, 3 * n / w2
+    print(f"  per-agent {3 * per_agent_n:,} decisions {w1:.1f} s = {r1:.2f}/s; shared {3 * n:,} decisions {w2:.1f} s = {r2:.2f}/s; ratio {r2 / r1:.1f}x")
+
+
+def section_d(n: int) -> None:
+    print(f"(d) round 1 through keynes run, {n:,} agents, shared (whole flow: personas, Ray, DuckDB)")
+    wall, peak = keynes_run(n, 1, True, shard_size=max(1, n // 8))
+    print(f"  wall {wall:.1f} s, {n / wall:,.0f} decisions/s, peak RSS of one child process {peak:.2f} GiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sections", default="a,c", help="a,b,c,d")
+    parser.add_argument("--agents", type=int, default=20_000)
+    parser.add_argument("--per-agent", type=int, default=500, help="agents of the per-agent side")
+    parser.add_argument("--cot-agents", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    for s in args.sections.split(","):
+        if s == "a":
+            section_a(args.agents, args.per_agent, args.threads)
+        elif s == "b":
+            section_b(args.agents, args.per_agent)
+        elif s == "c":
+            section_c(args.cot_agents, args.threads)
+        elif s == "d":
+            section_d(args.agents)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""The llama.cpp side of shared-context answers: tree-node logits from the prompt's KV state.
+
+One sequence lives in llama.cpp's KV cache; each node of a prompt's answer tree is evaluated
+from the longest prefix kept there (the prompt, then one token per tree edge), so a distinct
+prompt costs its tokens plus a few single-token decodes, and sorted prompts share prefixes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from engines import CompletionBatch, Constraint, RequestBatch
+from engines.exact import AnswerTree, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, answer_language, walk
+
+#: Prompt tokens are evaluated in blocks at fixed positions (0, BLOCK, 2·BLOCK, …), whatever
+#: prefix is already cached: every decode, and so every logit, is then a function of the prompt
+#: alone — not of which prompts a shard held before it — and draws reproduce across shardings.
+BLOCK = 32
+
+_VOCABS: dict[str, AnswerVocab] = {}
+
+
+def answer_vocab(llm: Any) -> AnswerVocab:
+    """The model's answer tokens and end-of-generation tokens (computed once per model file)."""
+    import llama_cpp
+
+    key = str(llm.model_path)
+    if key not in _VOCABS:
+        vocab = llm._model.vocab
+        n = llm.n_vocab()
+        buf = ctypes.create_string_buffer(64)
+        pieces: list[bytes] = []
+        eog: list[int] = []
+        for token in range(n):
+            # special=True: the text llama.cpp's grammar sampler matches each token by.
+            size = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+            pieces.append(buf.raw[:size] if size > 0 else b"")
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                eog.append(token)
+        _VOCABS[key] = AnswerVocab.from_pieces(pieces, eog)
+    return _VOCABS[key]
+
+
+class SharedContext:
+    """Exact answer distributions on a loaded ``llama_cpp.Llama`` (its KV cache, one sequence)."""
+
+    def __init__(self, llm: Any):
+        self.llm = llm
+        self.vocab = answer_vocab(llm)
+        self.n_vocab = llm.n_vocab()
+        self.answers = SharedAnswers()
+        self._trees: dict[tuple[Constraint, int], AnswerTree] = {}
+
+    def tree(self, constraint: Constraint, max_tokens: int) -> AnswerTree:
+        key = (constraint, max_tokens)
+        if key not in self._trees:
+            language = answer_language(constraint.low, constraint.high, constraint.integer, leading_space=True)
+            self._trees[key] = AnswerTree.build(language, self.vocab, max_tokens)
+        return self._trees[key]
+
+    def generate(self, batch: RequestBatch, chain: Chain, add_bos: bool = True) -> CompletionBatch:
+        """The batch's answers from the exact distribution of each distinct prompt.
+
+        ``add_bos``: whether llama.cpp adds the model's BOS token before each prompt, as
+        ``create_completion`` does for plain text (a chat-rendered prompt writes its own).
+        """
+        assert batch.constraint is not None
+        tree = self.tree(batch.constraint, batch.sampling.max_tokens)
+
+        def compute(prompts: list[str]) -> list[tuple[Distribution, int] | Exception]:
+            out: list[tuple[Distribution, int] | Exception] = []
+            for prompt in prompts:  # sorted: each evaluates from the previous one's kept prefix
+                try:
+                    out.append(self.distribution(prompt, tree, chain, add_bos))
+                except Exception as exc:  # e.g. a prompt longer than the context: this group only
+                    out.append(exc)
+            return out
+
+        return self.answers.complete(batch, chain, compute)
+
+    def prompt_tokens(self, prompt: str, add_bos: bool = True) -> list[int]:
+        """The tokens ``create_completion`` evaluates for this prompt (BOS, text with special tokens)."""
+        llm = self.llm
+        tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+        bos = [llm.token_bos()] if add_bos and llm._model.add_bos_token() and llm.token_bos() != -1 else []
+        eos = [llm.token_eos()] if llm._model.add_eos_token() else []
+        return bos + tokens + eos
+
+    def distribution(self, prompt: str, tree: AnswerTree, chain: Chain, add_bos: bool = True) -> tuple[Distribution, int]:
+        tokens = self.prompt_tokens(prompt, add_bos)
+        if len(tokens) + tree.max_tokens >= self.llm.n_ctx():
+            raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {self.llm.n_ctx()}")
+
+        def evaluate(requests: list[NodeRequest]) -> list[np.ndarray]:
+            return [self.logits(tokens, r.path)[r.tokens] for r in requests]
+
+        dist = walk([tree], [chain], evaluate)[0]
+        return dist, len(tokens)
+
+    def logits(self, prompt: list[int], path: tuple[int, ...]) -> np.ndarray:
+        """The next-token logits after ``prompt + path`` (a copy of the full vocabulary row)."""
+        llm = self.llm
+        seq = prompt + list(path)
+        cached = llm._input_ids[: llm.n_tokens].tolist()
+        keep = 0
+        for a, b in zip(cached, seq):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(seq) - 1)  # the last token is re-evaluated to get its logits
+        if keep < len(prompt):
+            keep -= keep % BLOCK  # back to a block boundary: the prompt's decodes are always the same
+        if keep < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, keep, -1):
+            llm.reset()
+            keep = 0
+        llm.n_tokens = keep
+        pos = keep
+        while pos < len(prompt):  # the prompt, block by block
+            end = min(len(prompt), (pos // BLOCK + 1) * BLOCK)
+            llm.eval(seq[pos:end])
+            pos = end
+        while pos < len(seq):  # the tree path, one token per decode (as the per-agent path runs it)
+            llm.eval(seq[pos : pos + 1])
+            pos += 1
+        row = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(self.n_vocab,))
+        return row.copy()

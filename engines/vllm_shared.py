@@ -1,0 +1,117 @@
+"""The vLLM side of shared-context answers: tree-node logits from one ``generate`` per tree level.
+
+Each node asks vLLM for one step with ``logprob_token_ids`` = its allowed children; the engine
+runs with ``logprobs_mode="raw_logits"``, so those are the model's raw logits and the same numpy
+chain as on llama.cpp (``engines.exact.Chain``) turns them into probabilities. All groups'
+nodes of a level go in one call; automatic prefix caching evaluates each shared prefix once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engines import CompletionBatch, Constraint, RequestBatch
+from engines.exact import AnswerTree, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, answer_language, walk
+
+#: vLLM's cap on ``logprob_token_ids`` per request (``vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS``).
+MAX_IDS = 128
+
+#: What ``vllm.LLM`` needs for this path (raw logits of chosen tokens).
+LLM_KWARGS = {"logprobs_mode": "raw_logits", "max_logprobs": MAX_IDS}
+
+
+def token_texts(tokenizer: Any) -> list[str]:
+    """Each token's text as a grammar sees it: SentencePiece ``▁`` is a space, ``<0xNN>`` its byte,
+    byte-level BPE symbols their bytes."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    byte_level = any(p and "Ġ" in p for p in pieces[:5000])
+    decoder: dict[str, int] = {}
+    if byte_level:
+        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+        decoder = {c: b for b, c in bytes_to_unicode().items()}
+    out: list[str] = []
+    for p in pieces:
+        if p is None:
+            out.append("")
+        elif byte_level:
+            out.append(bytes(decoder.get(c, 0) for c in p).decode("utf-8", "replace"))
+        elif len(p) == 6 and p.startswith("<0x") and p.endswith(">"):
+            out.append(chr(int(p[3:5], 16)) if int(p[3:5], 16) < 128 else "")
+        else:
+            out.append(p.replace("▁", " "))
+    return out
+
+
+def eog_ids(tokenizer: Any, model_path: str) -> list[int]:
+    """The tokens that end generation: the tokenizer's EOS and the model's generation config's."""
+    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    config = Path(model_path) / "generation_config.json"
+    if config.exists():
+        eos = json.loads(config.read_text()).get("eos_token_id")
+        ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return sorted(ids)
+
+
+class VllmShared:
+    """Exact answer distributions on a loaded ``vllm.LLM`` (started with ``LLM_KWARGS``)."""
+
+    def __init__(self, llm: Any, model_path: str):
+        self.llm = llm
+        self.tokenizer = llm.get_tokenizer()
+        self.vocab = AnswerVocab.from_pieces(token_texts(self.tokenizer), eog_ids(self.tokenizer, model_path))
+        self.answers = SharedAnswers()
+        self._trees: dict[tuple[Constraint, int], AnswerTree] = {}
+
+    def tree(self, constraint: Constraint, max_tokens: int) -> AnswerTree:
+        key = (constraint, max_tokens)
+        if key not in self._trees:
+            language = answer_language(constraint.low, constraint.high, constraint.integer, leading_space=True)
+            self._trees[key] = AnswerTree.build(language, self.vocab, max_tokens)
+        return self._trees[key]
+
+    def generate(self, batch: RequestBatch, chain: Chain, max_model_len: int, add_special_tokens: bool = True) -> CompletionBatch:
+        """The batch's answers from the exact distribution of each distinct prompt.
+
+        ``add_special_tokens``: whether the tokenizer adds its BOS, as vLLM does for plain
+        text (a chat-rendered prompt writes its own special tokens).
+        """
+        assert batch.constraint is not None
+        tree = self.tree(batch.constraint, batch.sampling.max_tokens)
+
+        def compute(prompts: list[str]) -> list[tuple[Distribution, int] | Exception]:
+            ids = self.tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
+            ok = [i for i, p in enumerate(ids) if len(p) + tree.max_tokens < max_model_len]
+            results: list[tuple[Distribution, int] | Exception] = [
+                ValueError(f"prompt of {len(p)} tokens does not fit max_model_len {max_model_len}") for p in ids
+            ]
+            if ok:
+                dists = walk([tree] * len(ok), [chain] * len(ok), lambda rs: self.evaluate([ids[ok[r.group]] for r in rs], rs))
+                for i, d in zip(ok, dists):
+                    results[i] = (d, len(ids[i]))
+            return results
+
+        return self.answers.complete(batch, chain, compute)
+
+    def evaluate(self, prompts: list[list[int]], requests: list[NodeRequest]) -> list[np.ndarray]:
+        """Raw logits of each request's allowed tokens after its prompt + path, in one ``generate``."""
+        from vllm import SamplingParams
+
+        inputs, params, where = [], [], []
+        for i, (prompt, r) in enumerate(zip(prompts, requests)):
+            tokens = r.tokens.tolist()
+            for start in range(0, len(tokens), MAX_IDS):
+                chunk = tokens[start : start + MAX_IDS]
+                inputs.append({"prompt_token_ids": prompt + list(r.path)})
+                params.append(SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=chunk, detokenize=False))
+                where.append((i, start, chunk))
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        logits = [np.zeros(len(r.tokens), np.float32) for r in requests]
+        for (i, start, chunk), out in zip(where, outputs):
+            step = out.outputs[0].logprobs[0]
+            logits[i][start : start + len(chunk)] = [step[t].logprob for t in chunk]
+        return logits

@@ -1,0 +1,144 @@
+"""No orphans: what a ``keynes`` command starts ends with it, even when it is killed.
+
+Prefect's temporary API server (uvicorn) is a child that outlives a killed parent. So each
+``keynes run``/``serve`` starts a small watchdog that Linux signals when its parent dies
+(``PR_SET_PDEATHSIG``); it follows the parent's descendants while the parent lives and ends
+those still running when it goes. It also keeps them in a record file, so that if the
+watchdog itself is killed, the next ``keynes`` start ends what is left and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+#: Seconds between two looks at the parent's descendants.
+POLL_S = 0.5
+#: Seconds a leftover process gets to end on SIGTERM before it is killed.
+GRACE_S = 3.0
+_PR_SET_PDEATHSIG = 1
+
+
+def records_dir() -> Path:
+    """Where each running command's record lives: ``$KEYNES_CACHE/runs`` or ``~/.cache/keynes/runs``."""
+    root = os.environ.get("KEYNES_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "keynes") / "runs"
+
+
+def _alive(pid: int, created: float) -> psutil.Process | None:
+    """The process ``pid`` if it is still the one started at ``created`` (pids are reused)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc if abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
+
+
+def end(processes: list[psutil.Process], grace_s: float = GRACE_S) -> list[psutil.Process]:
+    """SIGTERM the processes, SIGKILL those still running after ``grace_s``; return them all."""
+    for proc in processes:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return processes
+
+
+def clean_leftovers(directory: Path | None = None) -> list[str]:
+    """End what earlier, killed commands left running; one line per record cleaned.
+
+    A record whose owner still runs belongs to a live command and is left alone.
+    """
+    directory = directory or records_dir()
+    lines = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(record["pid"], record["created"]):
+            continue
+        left = [p for pid, created, _ in record["children"] if (p := _alive(pid, created)) is not None]
+        if left:
+            names = ", ".join(sorted({p.name() for p in left}))
+            end(left)
+            lines.append(f"ended {len(left)} process(es) ({names}) left by an earlier `{record['command']}` "
+                         f"(pid {record['pid']}) that was killed")
+        path.unlink(missing_ok=True)
+    return lines
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the parent dies."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def guard(command: str) -> list[str]:
+    """Clean up after killed predecessors, then watch this process: returns the cleanup lines."""
+    lines = clean_leftovers()
+    me = psutil.Process()
+    directory = records_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    record = directory / f"{me.pid}.json"
+    _write(record, command, me, [])
+    subprocess.Popen(
+        [sys.executable, "-m", "flows.processes", str(me.pid), str(me.create_time()), str(record), command],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None, close_fds=True,
+    )
+    return lines
+
+
+def _write(path: Path, command: str, parent: psutil.Process, children: list[tuple[int, float, str]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": parent.pid, "created": parent.create_time(), "command": command, "children": children}))
+    tmp.replace(path)  # readers never see half a record
+
+
+def watch(parent_pid: int, parent_created: float, record: Path, command: str) -> None:
+    """The watchdog: follow the parent's descendants until the parent dies, then end them."""
+    me = os.getpid()
+    seen: dict[int, tuple[int, float, str]] = {}
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))  # the parent died (PDEATHSIG)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    parent = _alive(parent_pid, parent_created)
+    while parent is not None and not stop["now"]:
+        try:
+            found = {c.pid: (c.pid, c.create_time(), c.name()) for c in parent.children(recursive=True) if c.pid != me}
+        except psutil.Error:
+            break
+        if set(found) - set(seen):
+            seen.update(found)
+            _write(record, command, parent, list(seen.values()))
+        time.sleep(POLL_S)
+        try:
+            if parent.status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.Error:  # gone
+            break
+    left = [p for pid, created, _ in seen.values() if (p := _alive(pid, created)) is not None]
+    try:
+        end(left)
+    finally:
+        record.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,209 @@
+"""The report server: every experiment of one or more warehouses as live Panel pages.
+
+``/`` lists the experiments (status, agents, arms, rounds, last update); ``/experiment?id=ID``
+is one experiment's page. Each open page checks its warehouse every few seconds and redraws
+itself when a round, shard or status landed, so a running experiment needs no reload.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import panel as pn
+import polars as pl
+
+from reports.app import HEADER_COLOR, build_page
+from reports.data import ReportData, experiment_index, experiment_version
+from reports.urls import public_url
+from warehouse.store import Warehouse, WarehouseError
+
+#: Seconds between two checks of an open page's warehouse.
+REFRESH_S = 2.0
+#: How long a page's check may wait for a writer that holds the file (it tries again later).
+CHECK_LOCK_TIMEOUT_S = 1.0
+#: Hosts that mean "this machine only".
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+INDEX_CSS = """
+table { border-collapse: collapse; font-size: 14px; width: 100%; }
+th { background: #eef2f7; padding: 6px 10px; text-align: left; white-space: nowrap; }
+td { padding: 5px 10px; border-top: 1px solid #e3e7ee; }
+td.n { text-align: right; }
+"""
+
+
+class Catalog:
+    """The warehouses a server shows, and where each experiment lives."""
+
+    def __init__(self, dbs: list[str | Path]):
+        seen: dict[Path, Warehouse] = {}
+        for db in dbs:
+            path = Path(db).resolve()
+            seen.setdefault(path, Warehouse(path))
+        self.warehouses = list(seen.values())
+
+    def index(self) -> pl.DataFrame:
+        """One row per experiment of every warehouse that exists yet, newest update first."""
+        frames = []
+        for warehouse in self.warehouses:
+            if not warehouse.path.exists():
+                continue
+            try:
+                frame = experiment_index(warehouse)
+            except WarehouseError:
+                continue  # held by a writer for longer than the lock timeout: shown next time
+            frames.append(frame.with_columns(db=pl.lit(str(warehouse.path))))
+        if not frames:
+            return pl.DataFrame()
+        return pl.concat(frames, how="diagonal_relaxed").sort("updated_at", descending=True, nulls_last=True)
+
+    def find(self, experiment_id: str) -> Warehouse | None:
+        """The warehouse that holds an experiment (None: none of them)."""
+        for warehouse in self.warehouses:
+            if warehouse.path.exists():
+                try:
+                    if experiment_version(warehouse, experiment_id) is not None:
+                        return warehouse
+                except WarehouseError:
+                    continue
+        return None
+
+
+def _md(text: str) -> pn.pane.Markdown:
+    return pn.pane.Markdown(text, sizing_mode="stretch_width")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{value:,}" if isinstance(value, int) else html.escape(str(value))
+
+
+def index_html(index: pl.DataFrame) -> str:
+    """The index table: one linked row per experiment."""
+    if index.is_empty():
+        return "<p>No experiment yet: the warehouses are empty (or not created yet). This page updates by itself.</p>"
+    head = ["experiment", "name", "status", "agents", "arms", "rounds played", "guesses", "last update", "warehouse"]
+    rows = []
+    for r in index.iter_rows(named=True):
+        link = f'<a href="experiment?id={quote(r["experiment_id"])}">{html.escape(r["experiment_id"])}</a>'
+        cells = [link, _cell(r["name"]), _cell(r["status"]), _cell(r["population"]), _cell(r["arms"]),
+                 f"{r['rounds_played']:,} / {r['rounds_planned']:,}", _cell(r["guesses"]), _cell(r["updated_at"]),
+                 _cell(Path(r["db"]).name)]
+        rows.append("<tr>" + "".join(f'<td class="n">{c}</td>' if i in (3, 4, 5, 6) else f"<td>{c}</td>"
+                                     for i, c in enumerate(cells)) + "</tr>")
+    return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
+def _template(title: str) -> pn.template.BootstrapTemplate:
+    return pn.template.BootstrapTemplate(title=title, header_background=HEADER_COLOR, sidebar_width=230)
+
+
+def index_page(catalog: Catalog, refresh_s: float = REFRESH_S) -> pn.template.BaseTemplate:
+    """The ``/`` page: every experiment of the served warehouses, kept current."""
+    page = _template("keynes reports")
+    table = pn.pane.HTML(index_html(catalog.index()), sizing_mode="stretch_width", stylesheets=[INDEX_CSS])
+    names = ", ".join(w.path.name for w in catalog.warehouses)
+    page.main.append(pn.Column(_md(f"## Experiments\nWarehouses: {names}"), table, sizing_mode="stretch_width"))
+
+    def refresh() -> None:
+        text = index_html(catalog.index())
+        if text != table.object:
+            table.object = text
+
+    pn.state.add_periodic_callback(refresh, period=int(refresh_s * 1000))
+    return page
+
+
+def experiment_page(catalog: Catalog, experiment_id: str | list[str] | None, refresh_s: float = REFRESH_S) -> pn.template.BaseTemplate:
+    """An experiment's page (or one page comparing several experiments of one warehouse, for a
+    list of ids); it redraws itself whenever one of them changed in its warehouse."""
+    ids = [experiment_id] if isinstance(experiment_id, str) else list(experiment_id or [])
+    warehouses = [catalog.find(e) for e in ids]
+    if not ids or any(w is None for w in warehouses) or len({w.path for w in warehouses}) > 1:
+        page = _template("keynes report")
+        known = ", ".join(catalog.index().get_column("experiment_id").to_list()) if not catalog.index().is_empty() else "none"
+        missing = [e for e, w in zip(ids, warehouses) if w is None] or ids
+        problem = "are not in one warehouse" if ids and all(warehouses) else "is not in the served warehouses"
+        page.main.append(pn.pane.Alert(
+            f"Experiment {html.escape(', '.join(missing) or 'None')!s} {problem}; available: {known}. "
+            '<a href="./">All experiments</a>', alert_type="warning"))
+        return page
+    warehouse = warehouses[0]
+    subject = ids[0] if len(ids) == 1 else ids
+    page = build_page(ReportData(warehouse, subject), served=True)
+    checked = _md("")
+    page.sidebar.append(pn.Column(checked, _md('[All experiments](./)')))
+    # A short lock timeout: a page must not stall the server while a writer commits.
+    probe = Warehouse(warehouse.path, lock_timeout_s=CHECK_LOCK_TIMEOUT_S)
+    state = {"version": [experiment_version(warehouse, e) for e in ids]}
+
+    def refresh() -> None:
+        try:
+            version = [experiment_version(probe, e) for e in ids]
+        except WarehouseError:
+            return  # a writer holds the file: look again at the next tick
+        checked.object = f"*Live: checked {time.strftime('%H:%M:%S')}*"
+        if version == state["version"]:
+            return
+        state["version"] = version
+        fresh = build_page(ReportData(warehouse, subject), served=True)
+        page.main[0].objects = fresh.main[0].objects
+        page.sidebar[0].object = fresh.sidebar[0].object
+
+    pn.state.add_periodic_callback(refresh, period=int(refresh_s * 1000))
+    return page
+
+
+def websocket_origins(host: str, port: int) -> list[str]:
+    """Origins allowed to open a page's websocket: the loopback names, or any when shared."""
+    if host in LOOPBACK:
+        return [f"127.0.0.1:{port}", f"localhost:{port}"]
+    return ["*"]  # shared on a network (--host): any browser that can reach the port
+
+
+def serve_reports(
+    dbs: list[str | Path], host: str = "127.0.0.1", port: int = 5006, threaded: bool = False, refresh_s: float = REFRESH_S
+):
+    """Serve the index and experiment pages of the warehouses ``dbs``.
+
+    Args:
+        dbs: warehouse files (they need not exist yet: their experiments appear when written).
+        host: the address to bind; 127.0.0.1 keeps the pages on this machine.
+        port: the port.
+        threaded: return at once with the server running on a thread (``.stop()`` ends it);
+            otherwise block until interrupted.
+        refresh_s: seconds between two checks of an open page's warehouse.
+    """
+    catalog = Catalog(dbs)
+
+    def experiment() -> pn.template.BaseTemplate:
+        # /experiment?id=A is one experiment's page; /experiment?id=A&id=B compares them.
+        ids = [a.decode() for a in pn.state.session_args.get("id") or [] if a]
+        return experiment_page(catalog, ids[0] if len(ids) == 1 else ids, refresh_s)
+
+    routes = {"/": lambda: index_page(catalog, refresh_s), "/experiment": experiment}
+    return pn.serve(routes, address=host, port=port, show=False, threaded=threaded, title="keynes reports",
+                    websocket_origin=websocket_origins(host, port), verbose=False)
+
+
+def start_in_background(dbs: list[str | Path], host: str, port: int) -> str:
+    """Start the report server on a daemon thread of this process (it ends with the process,
+    never holding up its exit); return its public base URL."""
+    import asyncio
+    import threading
+
+    def run() -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        serve_reports(dbs, host=host, port=port)
+
+    threading.Thread(target=run, name="keynes-reports", daemon=True).start()
+    return public_url(host, port)
+

@@ -1,0 +1,49 @@
+"""Token budget: an arm's longest prompt must fit its engine's context, checked before it plays.
+
+The prompts are rendered for the last round with a full history of wide numbers (the longest
+an agent can be shown); the engine counts their tokens as it will send them (chat template
+included) and adds the reasoning and answer budgets. Engines that cannot count tokens
+locally (servers, the simulated engine) are not checked.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from core.arms import Arm
+from prompts.context import agent_variables, game_context, groups_context, population_context
+from prompts.render import render
+
+#: Distinct prompts counted per arm: the longest by characters (a million personas may
+#: render a million distinct prompts; tokens grow with characters).
+LONGEST = 16
+
+
+def longest_prompts(arm: Arm, personas: pl.DataFrame) -> list[str]:
+    """The arm's longest distinct prompts, as rendered in its last round with the widest numbers."""
+    rule = arm.rule
+    last = rule.rounds
+    wide = max(rule.high - 0.01, rule.low)  # means and targets show two decimals
+    n = personas.height
+    history = [
+        {"round": r, "n": n, "n_valid": n, "mean": wide, "median": wide, "target": wide, "winning_guess": wide, "n_winners": n}
+        for r in range(1, last)
+    ]
+    shared = {"game": game_context(rule, n), "round": last, "history": history, "population": population_context(personas)}
+    agents = personas
+    if last > 1:
+        agents = agents.with_columns(own_guesses=pl.lit([float(rule.high)] * (last - 1), dtype=pl.List(pl.Float64)))
+    if "group" in personas.columns:
+        shared["groups"] = groups_context(personas, {g: history for g in personas["group"].unique().to_list()})
+    distinct = set(render(arm.mode.template, shared, agent_variables(agents)))
+    return sorted(distinct, key=len, reverse=True)[:LONGEST]
+
+
+def check_context(arm: Arm, personas: pl.DataFrame) -> None:
+    """Refuse an arm whose longest prompt, reasoning and answer exceed its engine's context.
+
+    Raises:
+        ValueError: one line naming the engine setting, the tokens needed and the limit.
+    """
+    reserve = arm.max_answer_tokens + (arm.max_reasoning_tokens + 16 if arm.mode.reasoning else 0)  # 16: the final cue
+    arm.engine.check_context(longest_prompts(arm, personas), reserve, arm.prompt_mode)

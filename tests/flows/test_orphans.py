@@ -1,0 +1,94 @@
+"""No orphans: `keynes run` killed with SIGKILL mid-run leaves none of its processes behind,
+and a record left by a killed command is cleaned up (and reported) at the next start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+import yaml
+
+from flows.processes import clean_leftovers
+from tests.conftest import REPO
+
+#: Simulated agents that take 1 s per wave: the run is still playing when it is killed.
+SLOW = {
+    "name": "killed",
+    "seed": 2,
+    "population": {"size": 40},
+    "game": {"rounds": 20},
+    "arms": {"engines": [{"kind": "simulated", "latency_s": 1.0, "concurrency": 5}], "prompts": ["basic"]},
+    "workers": {"actors": 1, "shard_size": 20},
+    "report": {"enabled": False},
+}
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def _still_running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_sigkill_of_keynes_run_leaves_no_process_it_started(tmp_path):
+    config = tmp_path / "killed.yaml"
+    config.write_text(yaml.safe_dump({**SLOW, "db": str(tmp_path / "killed.duckdb")}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), KEYNES_CACHE=str(tmp_path / "cache"),
+               RAY_TMPDIR=tempfile.mkdtemp(prefix="kray-"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    parent = psutil.Process(run.pid)
+    try:
+        # Mid-run: Prefect's temporary API (uvicorn) is up and rounds are being played.
+        wait_for(lambda: (tmp_path / "killed.duckdb").exists() and any(
+            "uvicorn" in " ".join(c.cmdline()) for c in parent.children(recursive=True)), 240, "the run to be playing")
+        time.sleep(2)
+        started = [c for c in parent.children(recursive=True)]
+        assert any("uvicorn" in " ".join(c.cmdline()) for c in started)
+        os.kill(run.pid, signal.SIGKILL)  # the parent only: its children are not told
+        run.wait(10)
+        try:
+            wait_for(lambda: not _still_running(started), 60, "every process the run started to end")
+        except AssertionError:
+            raise AssertionError(f"still running: {[' '.join(p.cmdline())[:120] for p in _still_running(started)]}") from None
+    finally:
+        for proc in _still_running([parent, *parent.children(recursive=True)] if parent.is_running() else []):
+            proc.kill()
+    assert not list((tmp_path / "cache" / "runs").glob("*.json"))  # the watchdog removed its record
+
+
+def test_the_next_start_ends_what_a_killed_command_left_and_says_so(tmp_path):
+    orphan = subprocess.Popen(["sleep", "120"])
+    try:
+        child = psutil.Process(orphan.pid)
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        record = {"pid": dead.pid, "created": 1.0, "command": "keynes run",
+                  "children": [[child.pid, child.create_time(), child.name()]]}
+        (tmp_path / f"{dead.pid}.json").write_text(json.dumps(record))
+        me = psutil.Process()  # a record of a live command is not touched
+        (tmp_path / "live.json").write_text(json.dumps({"pid": me.pid, "created": me.create_time(), "command": "keynes serve",
+                                                        "children": [[child.pid, child.create_time(), child.name()]]}))
+        lines = clean_leftovers(tmp_path)
+        assert lines == [f"ended 1 process(es) (sleep) left by an earlier `keynes run` (pid {dead.pid}) that was killed"]
+        orphan.wait(10)  # ended (a TimeoutExpired here would mean it still runs)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["live.json"]
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()

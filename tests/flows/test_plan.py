@@ -1,0 +1,67 @@
+"""`keynes plan`: calls per arm exactly, tokens within 20 % of what a real run stores, and
+nothing written before anything runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.support.sql import q
+
+QUICKSTART = REPO / "experiments" / "quickstart.yaml"
+#: The quickstart, smaller: 10 agents × 2 rounds × (basic: 1 phase, cot: 2 phases).
+SMALLER = ["population.size=10", "game.rounds=2"]
+
+
+def keynes(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def sets(overrides: list[str]) -> list[str]:
+    return [part for o in overrides for part in ("--set", o)]
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_the_plan_of_the_quickstart_matches_a_real_run(tmp_path, prefect_api, local_ray):
+    from flows.experiment import experiment
+
+    db = tmp_path / "plan.duckdb"
+    result = keynes("plan", str(QUICKSTART), *sets(SMALLER + [f"db={db}"]), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    rows = {r["prompt_mode"]: r for r in json.loads(result.stdout)}
+    assert not db.exists()  # a plan writes nothing
+    assert {mode: r["calls"] for mode, r in rows.items()} == {"basic": 10 * 2 * 1, "cot": 10 * 2 * 2}
+    assert all(r["seconds"] and r["seconds"] > 0 for r in rows.values())
+
+    experiment(str(QUICKSTART), SMALLER, db=str(db))
+    stored = q(db, "select r.prompt_mode, sum(g.prompt_tokens), sum(g.completion_tokens), count(*) "
+                   "from guesses g join runs r using (run_id) group by 1")
+    for mode, prompt_tokens, completion_tokens, guesses in stored:
+        assert guesses == 20
+        plan = rows[mode]
+        assert plan["prompt_tokens"] == pytest.approx(prompt_tokens, rel=0.2), (mode, plan, prompt_tokens)
+        assert plan["completion_tokens"] == pytest.approx(completion_tokens, rel=0.2), (mode, plan, completion_tokens)
+
+
+def test_the_plan_table_of_a_simulated_experiment(tmp_path):
+    config = tmp_path / "sim.yaml"
+    config.write_text(
+        "name: planned\npopulation: {size: 1000}\ngame: {rounds: 3}\n"
+        "arms: {engines: [{kind: simulated, latency_s: 1.0, concurrency: 100}], prompts: [basic, cot]}\n"
+        f"workers: {{actors: 2, shard_size: 250}}\ndb: {tmp_path / 'never.duckdb'}\n"
+    )
+    result = keynes("plan", str(config), "--calibrate", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    # 1,000 agents × 3 rounds × 1 or 2 phases; waves of 2 actors × 100 at 1 s each.
+    assert [(r["calls"], r["seconds"]) for r in rows] == [(3000, 15.0), (6000, 30.0)]
+    assert not (tmp_path / "never.duckdb").exists()
+    table = keynes("plan", str(config), "--calibrate", "0")
+    assert table.returncode == 0 and "6,000" in table.stdout and "calls" in table.stdout
+    bad = keynes("plan", str(config), "--set", "population.size=-1")
+    assert bad.returncode == 2 and "population.size" in bad.stderr

@@ -1,0 +1,103 @@
+"""The report server (`keynes report --serve`) in real headless Chromium: the index of every
+experiment, and an experiment's page that gains a round while it stays open (no reload)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from flows.experiment import experiment
+from tests.conftest import REPO
+from tests.reports.browser import CHROMIUM, Chromium
+
+os.environ.setdefault("RAY_ADDRESS", "local")
+
+#: Simulated agents (no LLM is needed to watch pages change); one round per run.
+LIVE = {
+    "name": "live",
+    "seed": 9,
+    "population": {"spec": "education.yaml", "size": 20},
+    "game": {"rounds": 3},
+    "arms": {"engines": [{"kind": "simulated"}], "prompts": ["basic"]},
+    "workers": {"actors": 1, "shard_size": 20},
+    "report": {"enabled": False},
+    "continue": True,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, prefect_api, local_ray):
+    """One round of a `continue` experiment, and `keynes report --serve` of its warehouse."""
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Chromium is missing: apt-get install -y chromium")
+    db = tmp_path_factory.mktemp("served") / "live.duckdb"
+    summary = experiment(LIVE, db=str(db))
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "report", "--serve", "--db", str(db), "--port", str(port)],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: server.poll() is not None or _answers(base + "/"), 120, "the report server")
+        assert server.poll() is None, server.stderr.read()
+        yield {"db": db, "base": base, "experiment_id": summary["experiment_id"], "server": server}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_index_lists_every_experiment_with_a_link(served):
+    with Chromium(allow=("127.0.0.1",)) as browser:
+        browser.open(served["base"] + "/", canvases=0, timeout_s=30)
+        text = wait_for(lambda: (t := browser.text()) and served["experiment_id"] in t and t, 30, "the index table")
+        href = browser.evaluate(
+            "(() => { const found = []; const walk = (n) => { if (n.shadowRoot) walk(n.shadowRoot);"
+            " if (n.tagName === 'A') found.push(n.getAttribute('href')); for (const c of n.children || []) walk(c); };"
+            " walk(document.documentElement); return found.filter(h => h && h.startsWith('experiment?')); })()")
+    assert "waiting" in text and re.search(r"1 / 3", text)  # status, rounds played / planned
+    assert href == [f"experiment?id={served['experiment_id']}"]
+
+
+def test_a_running_experiments_page_gains_a_round_without_a_reload(served):
+    url = f"{served['base']}/experiment?id={served['experiment_id']}"
+    with Chromium(allow=("127.0.0.1",)) as browser:
+        load = browser.open(url, canvases=2)
+        assert re.search(r"rounds played\s+1\b", browser.text())
+        plots = len([c for c in browser.canvases() if c["inked"]])
+        browser.evaluate("window.__not_reloaded = true")
+        experiment(LIVE, db=str(served["db"]))  # the next round lands in the warehouse
+        wait_for(lambda: (t := browser.text()) and re.search(r"rounds played\s+2\b", t) and t, 60, "round 2 on the open page")
+        assert browser.evaluate("window.__not_reloaded === true")  # the same page, updated in place
+        # Round 2's histogram joins the page: more plots, drawn.
+        wait_for(lambda: len([c for c in browser.canvases() if c["inked"]]) > plots, 30, "round 2's histogram")
+    assert not load.errors, load.errors

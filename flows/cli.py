@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import os
 
-# Before Prefect is imported anywhere: its settings are read at import.
+# Before Prefect and Ray are imported anywhere: both read these settings at import, and every
+# process keynes starts (the flow runs of `keynes serve` included) inherits them.
 _LOG_LEVEL_CHOSEN = "PREFECT_LOGGING_LEVEL" in os.environ
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Under `uv run`, Ray would start its workers with `uv run` in a copy of the project: a fresh
+# environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
+# instead; RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 gets Ray's behaviour back.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 import json
 import sys

@@ -53,10 +53,6 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
         # Ray 2.60 turns on token authentication by default; a local Ray on this machine
         # needs none (set RAY_AUTH_MODE yourself to keep it).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        # Under `uv run`, Ray would start workers with `uv run` in a copy of the project: a fresh
-        # environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
-        # instead; set RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 to get Ray's behaviour back.
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "logging_level": logging.WARNING}
         if address:
             kwargs["address"] = address

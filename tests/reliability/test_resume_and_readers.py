@@ -167,7 +167,8 @@ def default_path(setup, tmp_path_factory):
     config = root / "resume-default.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     home = tmp_path_factory.mktemp("prefect-home")
-    default_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+    # Nor the test session's Ray settings: the CLI must choose them itself, as for a user.
+    default_env = {k: v for k, v in env.items() if k not in ("PREFECT_API_URL", "RAY_ENABLE_UV_RUN_RUNTIME_ENV")}
     default_env["PREFECT_HOME"] = str(home)
     return config, default_env, home
 

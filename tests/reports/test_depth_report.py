@@ -127,7 +127,7 @@ def test_the_served_page_has_a_filterable_table_of_every_reasoning_text(two):
             except OSError:
                 time.sleep(1)
         assert server.poll() is None, server.stderr.read()
-        with Chromium() as browser:
+        with Chromium(allow=("127.0.0.1",)) as browser:
             load = browser.open(url, canvases=8, timeout_s=120)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and "guess range" not in browser.text():

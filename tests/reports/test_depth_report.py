@@ -21,6 +21,7 @@ import duckdb
 import pytest
 
 from flows.experiment import experiment
+from reports.urls import page_url
 from tests.conftest import REPO
 from tests.reports.browser import CHROMIUM, Chromium
 
@@ -118,7 +119,7 @@ def test_the_served_page_has_a_filterable_table_of_every_reasoning_text(two):
             experiment_id, n_texts = con.execute(
                 "SELECT experiment_id, count(*) FROM reasoning_texts JOIN experiments USING (experiment_id) "
                 "WHERE name = 'today' GROUP BY ALL").fetchall()[0]
-        url = f"http://127.0.0.1:{port}/{experiment_id}"
+        url = page_url(f"http://127.0.0.1:{port}", experiment_id)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and server.poll() is None:
             try:

@@ -25,8 +25,6 @@ from reports.urls import page_url
 from tests.conftest import REPO
 from tests.reports.browser import CHROMIUM, Chromium
 
-os.environ.setdefault("RAY_ADDRESS", "local")
-
 
 def config(name: str, tau: float) -> dict:
     return {

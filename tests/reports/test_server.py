@@ -17,8 +17,6 @@ from flows.experiment import experiment
 from tests.conftest import REPO
 from tests.reports.browser import CHROMIUM, Chromium
 
-os.environ.setdefault("RAY_ADDRESS", "local")
-
 #: Simulated agents (no LLM is needed to watch pages change); one round per run.
 LIVE = {
     "name": "live",

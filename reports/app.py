@@ -12,7 +12,7 @@ import panel as pn
 import polars as pl
 
 from reports.data import ReportData
-from reports.depth import paired_comparisons, read_the_agents, reasoning_depth
+from reports.depth import exact_answers, paired_comparisons, read_the_agents, reasoning_depth
 from reports.figures import (BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block,
                              fmt, grid, table)
 
@@ -172,7 +172,7 @@ def build_page(data: ReportData, title: str | None = None, served: bool = False)
     main = overview(data) + [_md("## Arms")]
     for arm in data.arms["arm"].to_list():
         main += arm_section(data, arm)
-    main += comparisons(data) + reasoning_depth(data) + paired_comparisons(data) + read_the_agents(data, served)
+    main += comparisons(data) + reasoning_depth(data) + exact_answers(data) + paired_comparisons(data) + read_the_agents(data, served)
     main += answers_and_cost(data) + references(data)
     for row in data.experiments.iter_rows(named=True):
         main += [_md(f"## Config{': ' + row['name'] if data.comparing else ''}"), config_block(row["config"])]

@@ -182,6 +182,11 @@ class ReportData:
         return self._view("cognitive_hierarchy_fit", "arm, round, attribute, value")
 
     @cached_property
+    def exact_by_attribute(self) -> pl.DataFrame:
+        """Shared-context answers: each arm's exact expected answer per round and persona attribute value."""
+        return self._view("exact_answers_by_attribute", "arm, round, attribute, value")
+
+    @cached_property
     def paired(self) -> pl.DataFrame:
         """Paired comparisons of arms that differ in one factor, per round."""
         frame = self.warehouse.query(

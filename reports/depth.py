@@ -145,6 +145,29 @@ def reasoning_depth(data: ReportData) -> list[pn.viewable.Viewable]:
     return items
 
 
+def exact_answers(data: ReportData) -> list[pn.viewable.Viewable]:
+    """Arms whose answers came from exact distributions (shared-context inference): the expected
+    answer of each persona group, computed from the distributions themselves (no sampling noise)."""
+    exact = data.exact_by_attribute
+    if exact.is_empty():
+        return []
+    labels = {a: data.arm_label(a) for a in data.arms["arm"].to_list()}
+    round_ = min(exact["round"].to_list())
+    frame = exact.with_columns(mean=pl.col("expected"), ci95_low=pl.col("expected"), ci95_high=pl.col("expected"),
+                               n_valid=pl.col("agents"))
+    attributes = [a for a in frame["attribute"].unique(maintain_order=True).to_list()
+                  if frame.filter(pl.col("attribute") == a)["value"].n_unique() <= MAX_VALUES_PLOTTED]
+    if not attributes:
+        return []
+    return [
+        _md(f"### Exact expected answer by persona group (round {round_})"),
+        _md("From the stored answer distributions of shared-context arms: the expected answer of an agent drawn at "
+            "random from each group, without sampling noise (`exact_answers_by_attribute`)."),
+        grid([ByAttribute(frame, a, round_, labels, what="Exact expected answer", axis="expected answer",
+                          interval="exact") for a in attributes], columns=2),
+    ]
+
+
 def paired_comparisons(data: ReportData) -> list[pn.viewable.Viewable]:
     """Pairs of arms that differ in one factor: mean paired difference per round, interval, p-value."""
     pairs = data.paired

@@ -191,15 +191,16 @@ class ByAttribute(pn.viewable.Viewer):
     """
 
     def __init__(self, stats: pl.DataFrame, attribute: str, round_: int, labels: dict[int, str], what: str = "Mean guess",
-                 axis: str = "mean guess"):
+                 axis: str = "mean guess", interval: str = "95 % CI"):
         super().__init__()
         self.stats, self.attribute, self.round, self.labels, self.what, self.axis = stats, attribute, round_, labels, what, axis
+        self.interval = interval
 
     def __panel__(self) -> pn.viewable.Viewable:
         s = self.stats.filter((pl.col("attribute") == self.attribute) & (pl.col("round") == self.round))
         values = sorted(s["value"].unique().to_list(), reverse=True)  # read top-down in order
         arms = sorted(s["arm"].unique().to_list())
-        p = _figure(f"{self.what} by {self.attribute.replace('_', ' ')} (round {self.round}, 95 % CI)", legend=True,
+        p = _figure(f"{self.what} by {self.attribute.replace('_', ' ')} (round {self.round}, {self.interval})", legend=True,
                     height=max(200, 70 + len(values) * (12 + 10 * len(arms))), y_range=(-0.5, len(values) - 0.5))
         width = 0.7 / max(len(arms), 1)
         position = {v: i for i, v in enumerate(values)}

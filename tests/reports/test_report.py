@@ -106,6 +106,11 @@ def test_reasoning_sections_show_the_stored_analyses(quickstart, page):
         picks = con.execute("SELECT pick, agent_id, reasoning FROM reasoning_highlights").fetchall()
     assert len(fits) == 2 * 3 and all((f"{t:.2f}" in text) if t is not None else fit == "no τ fits" for t, fit in fits)
     assert len(pairs) == 3 and {f for _, f in pairs} == {"prompt mode"}  # basic vs cot, every round
+    # The quickstart's answers come from exact distributions: their expected answer per education level.
+    with duckdb.connect(str(path), read_only=True) as con:
+        exact = con.execute("SELECT count(*) FROM exact_answers_by_attribute WHERE attribute = 'education' AND round = 1").fetchall()
+    assert exact[0][0] == 2 * 5  # two arms × five education levels
+    assert "Exact expected answer by persona group (round 1)" in text and "Exact expected answer by education" in page["html"]
     assert all(f"{d:.4f}" in text for d, _ in pairs)
     # Gemma's chain-of-thought texts, with the agents' numbers, for the lowest/median/highest guesses and winners
     assert {p for p, _, _ in picks} >= {"lowest", "median", "highest", "winner"}

@@ -16,14 +16,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from prompts.answers import number_regex
-from prompts.render import render
+from core.game import GameRule
+from core.seeds import agent_seeds
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from engines.exact import Chain, answer_language
 from engines.llamacpp_shared import SharedContext, answer_vocab
-from core.game import GameRule
-from core.seeds import agent_seeds
+from prompts.answers import number_regex
 from prompts.context import game_context
+from prompts.render import render
 
 pytestmark = pytest.mark.llm
 

@@ -8,8 +8,8 @@ import re
 
 import numpy as np
 
-from prompts.answers import number_regex
 from engines.exact import AnswerTree, AnswerVocab, Chain, answer_language, walk
+from prompts.answers import number_regex
 
 # A Llama-3-like vocabulary: single digits, multi-digit tokens, a space, space+digit tokens,
 # a token no answer can use, and two end-of-generation tokens (ids 0 and 1).

@@ -12,13 +12,13 @@ import numpy as np
 import polars as pl
 import pytest
 
+from core.arms import Arm
+from core.game import GameRule
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.answers import number_regex
 from prompts.chat import split_cues
-from prompts.render import render
-from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
-from core.game import GameRule
-from core.arms import Arm
 from prompts.context import game_context
+from prompts.render import render
 from tasks.actor import ShardJob, ShardPlayer
 from tests.engines.conftest import LlamaServer, free_port
 

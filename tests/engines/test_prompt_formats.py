@@ -14,15 +14,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from prompts.answers import number_regex
-from prompts.chat import split_cue
-from prompts.modes import FINAL_CUE
-from prompts.render import render
+from core.arms import Arm
+from core.game import GameRule
 from engines import build_engine, parse_spec
 from engines.models import MODELS, ModelError, gguf_path, sha256_file
-from core.game import GameRule
-from core.arms import Arm
+from prompts.answers import number_regex
+from prompts.chat import split_cue
 from prompts.context import game_context
+from prompts.modes import FINAL_CUE
+from prompts.render import render
 from tasks.actor import ShardJob, ShardPlayer
 
 pytestmark = pytest.mark.llm

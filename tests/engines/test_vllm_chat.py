@@ -32,9 +32,9 @@ def engine():
 
 
 def rendered(template: str, n: int = 4) -> list[str]:
-    from prompts.render import render
     from core.game import GameRule
     from prompts.context import game_context
+    from prompts.render import render
 
     education = ["Elementary School", "High School", "Master's Degree", "Ph.D."]
     shared = {"game": game_context(GameRule(), 30), "round": 1, "history": []}
@@ -64,10 +64,10 @@ def test_the_chat_prompt_is_the_tokenizers_own(engine):
 
 
 def test_constrained_answers_and_chain_of_thought_in_chat(engine):
+    from engines import Constraint, RequestBatch, Sampling
     from prompts.answers import number_regex
     from prompts.chat import split_cues
     from prompts.modes import FINAL_CUE
-    from engines import Constraint, RequestBatch, Sampling
 
     users, cues = split_cues(rendered("cot.j2"))
     ids = np.arange(len(users), dtype=np.int64)

@@ -13,10 +13,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from prompts.render import render
-from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from core.game import GameRule
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.context import game_context
+from prompts.render import render
 
 pytestmark = [
     pytest.mark.vllm,

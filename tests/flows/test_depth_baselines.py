@@ -12,9 +12,9 @@ import math
 import polars as pl
 import pytest
 
-from flows.experiment import experiment
-from core.hierarchy import cognitive_hierarchy_choices
 from core.game import GameRule
+from core.hierarchy import cognitive_hierarchy_choices
+from flows.experiment import experiment
 from tests.warehouse.test_depth import class_by_hand
 from warehouse.analyses import refresh
 from warehouse.store import Warehouse

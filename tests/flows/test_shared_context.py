@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 
-import duckdb
 import pytest
 
 from core.arms import Arm
@@ -19,6 +18,7 @@ from populations.sampler import sample
 from populations.spec import load_spec
 from tasks.play import play_round, pool_for, shutdown_pools
 from tests.reliability.test_worker_crash import CountingWarehouse
+from tests.support.sql import q
 
 pytestmark = pytest.mark.llm
 
@@ -31,14 +31,11 @@ def config(actors: int, shard_size: int) -> dict:
         "seed": 5,
         "population": {"spec": "education.yaml", "size": N},
         "game": {"ratio": "2/3", "rounds": 2},
-        "arms": {"engines": [{"kind": "llamacpp", "num_cpus": 1}], "prompts": ["basic"]},
+        # 3 actors × 0.5 CPUs fit the 2-core machine (Ray is told its real CPU count).
+        "arms": {"engines": [{"kind": "llamacpp", "num_cpus": 0.5}], "prompts": ["basic"]},
         "workers": {"actors": actors, "shard_size": shard_size},
     }
 
-
-def q(path, sql):
-    with duckdb.connect(str(path), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 @pytest.fixture(scope="module")

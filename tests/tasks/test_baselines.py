@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from core.game import GameRule
+from core.hierarchy import cognitive_hierarchy_choices, cognitive_hierarchy_mean, level_k_choices
 from core.seeds import agent_seeds
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
-from core.hierarchy import cognitive_hierarchy_choices, cognitive_hierarchy_mean, level_k_choices
 
 
 def ch_by_hand(ratio: float, offset: float, tau: float, low=0.0, high=100.0, levels=60):

@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from core.game import GameRule
-from tests.warehouse.conftest import ARMS, EXPERIMENT, N, ROUNDS
+from tests.warehouse.conftest import ARMS, EXPERIMENT, ROUNDS, N
 from warehouse.analyses import PAIRED_METHOD, TAU_METHOD, refresh
 from warehouse.depth import TAU_MAX, Hierarchy, bootstrap_means, fit_tau, paired_test
 from warehouse.depth_views import EQUILIBRIUM_BAND

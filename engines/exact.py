@@ -18,7 +18,7 @@ import numpy as np
 from core.seeds import splitmix64, uniform01
 
 if TYPE_CHECKING:
-    from engines import CompletionBatch, RequestBatch
+    from engines import CompletionBatch, Constraint, RequestBatch
 
 #: Characters an answer can contain (numbers, one optional leading space).
 ANSWER_CHARS = frozenset(" 0123456789.")
@@ -152,6 +152,21 @@ class AnswerTree:
 
 
 # --------------------------------------------------------------------------- the chain
+class AnswerTrees:
+    """The answer tree of each (constraint, token budget) over one vocabulary, built once."""
+
+    def __init__(self, vocab: AnswerVocab):
+        self.vocab = vocab
+        self._trees: dict[tuple[object, int], AnswerTree] = {}
+
+    def __call__(self, constraint: "Constraint", max_tokens: int) -> AnswerTree:
+        key = (constraint, max_tokens)
+        if key not in self._trees:
+            language = answer_language(constraint.low, constraint.high, constraint.integer, leading_space=True)
+            self._trees[key] = AnswerTree.build(language, self.vocab, max_tokens)
+        return self._trees[key]
+
+
 @dataclass(frozen=True)
 class Chain:
     """llama.cpp's sampling chain as llama-cpp-python 0.3 builds it, the documented semantics.

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from engines import CompletionBatch, Constraint, RequestBatch
-from engines.exact import AnswerTree, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, answer_language, walk
+from engines import CompletionBatch, RequestBatch
+from engines.exact import AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, walk
 
 #: Prompt tokens are evaluated in blocks at fixed positions (0, BLOCK, 2·BLOCK, …), whatever
 #: prefix is already cached: every decode, and so every logit, is then a function of the prompt
@@ -52,14 +52,7 @@ class SharedContext:
         self.vocab = answer_vocab(llm)
         self.n_vocab = llm.n_vocab()
         self.answers = SharedAnswers()
-        self._trees: dict[tuple[Constraint, int], AnswerTree] = {}
-
-    def tree(self, constraint: Constraint, max_tokens: int) -> AnswerTree:
-        key = (constraint, max_tokens)
-        if key not in self._trees:
-            language = answer_language(constraint.low, constraint.high, constraint.integer, leading_space=True)
-            self._trees[key] = AnswerTree.build(language, self.vocab, max_tokens)
-        return self._trees[key]
+        self.tree = AnswerTrees(self.vocab)
 
     def generate(self, batch: RequestBatch, chain: Chain, add_bos: bool = True) -> CompletionBatch:
         """The batch's answers from the exact distribution of each distinct prompt.

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from engines import CompletionBatch, Constraint, RequestBatch
-from engines.exact import AnswerTree, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, answer_language, walk
+from engines import CompletionBatch, RequestBatch
+from engines.exact import AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, walk
 
 #: vLLM's cap on ``logprob_token_ids`` per request (``vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS``).
 MAX_IDS = 128
@@ -65,14 +65,7 @@ class VllmShared:
         self.tokenizer = llm.get_tokenizer()
         self.vocab = AnswerVocab.from_pieces(token_texts(self.tokenizer), eog_ids(self.tokenizer, model_path))
         self.answers = SharedAnswers()
-        self._trees: dict[tuple[Constraint, int], AnswerTree] = {}
-
-    def tree(self, constraint: Constraint, max_tokens: int) -> AnswerTree:
-        key = (constraint, max_tokens)
-        if key not in self._trees:
-            language = answer_language(constraint.low, constraint.high, constraint.integer, leading_space=True)
-            self._trees[key] = AnswerTree.build(language, self.vocab, max_tokens)
-        return self._trees[key]
+        self.tree = AnswerTrees(self.vocab)
 
     def generate(self, batch: RequestBatch, chain: Chain, max_model_len: int, add_special_tokens: bool = True) -> CompletionBatch:
         """The batch's answers from the exact distribution of each distinct prompt.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.waiting import free_port
 
 
 @pytest.fixture(scope="session")
@@ -21,11 +22,6 @@ def gguf() -> Path:
 
     return gguf_path("gemma-3-270m")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LlamaServer:

@@ -12,7 +12,8 @@ import pytest
 
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.answers import number_regex
-from tests.engines.conftest import LlamaServer, free_port
+from tests.engines.conftest import LlamaServer
+from tests.support.waiting import free_port
 
 pytestmark = pytest.mark.llm
 

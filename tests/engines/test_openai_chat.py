@@ -20,7 +20,8 @@ from prompts.chat import split_cues
 from prompts.context import game_context
 from prompts.render import render
 from tasks.actor import ShardJob, ShardPlayer
-from tests.engines.conftest import LlamaServer, free_port
+from tests.engines.conftest import LlamaServer
+from tests.support.waiting import free_port
 
 pytestmark = pytest.mark.llm
 

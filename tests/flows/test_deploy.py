@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.support.sql import q
+from tests.support.waiting import free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,11 +46,6 @@ TICKER = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
     """SIGTERM the process group we started (the process, its flow runs, their Ray), then SIGKILL."""
@@ -62,15 +57,6 @@ def stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
 
-
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 

@@ -17,6 +17,7 @@ import yaml
 
 from flows.processes import clean_leftovers
 from tests.conftest import REPO
+from tests.support.waiting import wait_for
 
 #: Simulated agents that take 1 s per wave: the run is still playing when it is killed.
 SLOW = {
@@ -29,15 +30,6 @@ SLOW = {
     "report": {"enabled": False},
 }
 
-
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def _still_running(procs: list[psutil.Process]) -> list[psutil.Process]:

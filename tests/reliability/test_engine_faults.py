@@ -19,9 +19,10 @@ import pytest
 from core.seeds import agent_seeds
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.answers import number_regex
-from tests.engines.conftest import LlamaServer, free_port
+from tests.engines.conftest import LlamaServer
 from tests.support.fault_proxy import FaultProxy, first
 from tests.support.sql import q
+from tests.support.waiting import free_port
 
 pytestmark = pytest.mark.llm
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from flows.experiment import experiment
 from tests.conftest import REPO
 from tests.reports.browser import CHROMIUM, Chromium
+from tests.support.waiting import free_port, wait_for
 
 #: Simulated agents (no LLM is needed to watch pages change); one round per run.
 LIVE = {
@@ -30,20 +29,6 @@ LIVE = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def _answers(url: str) -> bool:

@@ -37,6 +37,9 @@ def batch(n: int, constraint: Constraint | None = INTEGER, prompt: str = PROMPT,
 def test_constrained_answers_tokens_and_seeds(llama_server):
     engine = engine_for(llama_server.base_url, concurrency=4)
     try:
+        # The server's first evaluation of a prompt (cold cache) can differ from later ones in
+        # the last bits of its logits: compare two calls made once the prompt is cached.
+        engine.generate(batch(6))
         out = engine.generate(batch(6))
         again = engine.generate(batch(6))
     finally:
@@ -161,18 +164,3 @@ def test_a_round_survives_the_server_being_killed_and_restarted(gguf, tmp_path, 
     assert rows[0][:3] == (n, n, n) and rows[0][4] == 0  # none lost, none duplicated, all valid
     assert rows[0][3] > 1  # some requests were retried through the outage
     assert all(0 <= g <= 100 and g == round(g) for g in guesses)
-
-
-def test_the_chat_endpoint_answers_constrained_numbers(llama_server):
-    # /v1/chat/completions: the prompt goes as one user message; the server applies the
-    # model's chat template and the grammar like on /v1/completions.
-    engine = engine_for(llama_server.base_url, endpoint="chat", concurrency=2)
-    try:
-        out = engine.generate(batch(4))
-        free = engine.generate(batch(1, None, "Say hello in one word.", 8))
-    finally:
-        engine.close()
-    assert out.error == [None] * 4 and all(re.fullmatch(number_regex(0, 100), t) for t in out.text), out.text
-    assert (out.prompt_tokens > 40).all() and (out.completion_tokens >= 1).all()
-    assert free.error == [None]  # free text (the reasoning phase) through the chat endpoint too
-    assert '"POST /v1/chat/completions HTTP/1.1" 200' in llama_server.logs()

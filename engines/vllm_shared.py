@@ -31,7 +31,7 @@ def token_texts(tokenizer: Any) -> list[str]:
     byte_level = any(p and "Ġ" in p for p in pieces[:5000])
     decoder: dict[str, int] = {}
     if byte_level:
-        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
 
         decoder = {c: b for b, c in bytes_to_unicode().items()}
     out: list[str] = []

@@ -53,3 +53,22 @@ def local_ray():
 def db(tmp_path: Path) -> Path:
     """A fresh DuckDB file path."""
     return tmp_path / "keynes.duckdb"
+
+
+@pytest.fixture(autouse=True)
+def _prefect_settings_unchanged():
+    """A test that leaves Prefect pointed at another API (a settings context it entered and
+    never left) fails itself, instead of every later test that talks to the session's API."""
+    import sys
+
+    def api() -> str | None:
+        if "prefect.settings" not in sys.modules:
+            return None
+        from prefect.settings import PREFECT_API_URL
+
+        return PREFECT_API_URL.value()
+
+    before = api()
+    yield
+    after = api()
+    assert before is None or after == before, f"the test left PREFECT_API_URL at {after} (was {before})"

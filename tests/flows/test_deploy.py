@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 
 import httpx
 import psutil
@@ -137,22 +138,15 @@ def _healthy(api: str) -> bool:
         return False
 
 
+@contextmanager
 def _client(api: str):
+    """A Prefect client of ``api``; the session's own API setting is back when it ends, even
+    when the client cannot connect (a server still starting)."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    class _Scoped:
-        def __enter__(self):
-            self.settings = temporary_settings(updates={PREFECT_API_URL: api})
-            self.settings.__enter__()
-            self.client = get_client(sync_client=True)
-            return self.client.__enter__()
-
-        def __exit__(self, *exc):
-            self.client.__exit__(*exc)
-            self.settings.__exit__(*exc)
-
-    return _Scoped()
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        yield client
 
 
 def _deployment_runs(api: str, name: str):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -162,26 +163,69 @@ def chi2_critical(df: int, alpha: float = 0.001) -> float:
 
 
 #: Draws per side. The per-agent side costs ~0.1 s per draw on an idle 2-core machine (several
-#: seconds on a loaded one): ``KEYNES_CHI2_PER_AGENT`` lowers it there (the test stays valid,
-#: with less power against small differences).
-PER_AGENT_DRAWS = int(os.environ.get("KEYNES_CHI2_PER_AGENT", 5000))
+#: tenths on a loaded one): it is drawn on both cores, and kept (see ``per_agent_reference``).
+#: ``KEYNES_CHI2_PER_AGENT`` changes the count (the test stays valid, with less power below 5,000).
+PER_AGENT_DRAWS = int(os.environ.get("KEYNES_CHI2_PER_AGENT", "5000"))
+
+
+def _per_agent_slice(lo: int, hi: int, m: int, temperature: float) -> list[str]:
+    """Draws ``lo..hi`` of the per-agent sample, in a fresh process: llama.cpp's own sampler."""
+    engine = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1, "shared_context": False}))
+    try:
+        agents = np.arange(lo, hi)
+        batch = RequestBatch(agents, [SHORT] * len(agents), seeds(m, "per-agent")[lo:hi], Sampling(temperature, 8), CONSTRAINT)
+        return list(engine.generate(batch).text)
+    finally:
+        engine.close()
+
+
+def per_agent_reference(gguf, m: int, temperature: float) -> np.ndarray:
+    """``m`` per-agent draws of SHORT: the reference sample, drawn once per (model, llama.cpp,
+    per-agent engine code, prompt, sampling, seeds) and kept in the keynes cache.
+
+    The sample costs 8-50 minutes here (llama.cpp masks the 262k-token vocabulary by the grammar
+    at every token); the shared side, the code under test, is computed afresh on every run.
+    """
+    import hashlib
+    import json
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    import llama_cpp
+
+    import core.seeds
+    import engines.llamacpp
+    from engines.models import cache_dir
+
+    code = b"".join(Path(module.__file__).read_bytes() for module in (engines.llamacpp, core.seeds))
+    key = hashlib.sha256(json.dumps([Path(gguf).name, Path(gguf).stat().st_size, llama_cpp.__version__, hashlib.sha256(code).hexdigest(),
+                                     SHORT, repr(Sampling(temperature, 8)), repr(CONSTRAINT), m]).encode()).hexdigest()[:16]
+    path = cache_dir().parent / "reference-draws" / f"per-agent-{key}.json"
+    if path.exists():
+        print(f"\nper-agent reference sample: {path} (kept from an earlier run)")
+        return np.array(json.loads(path.read_text()), dtype=object).astype(str)
+    half = m // 2
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+        parts = [pool.submit(_per_agent_slice, lo, hi, m, temperature) for lo, hi in ((0, half), (half, m))]
+        texts = [t for part in parts for t in part.result()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(texts))
+    tmp.replace(path)
+    return np.array(texts, dtype=object).astype(str)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_shared_draws_and_per_agent_draws_are_one_distribution(engine, gguf):
-    """5,000 draws each. Slow on purpose: the per-agent side runs llama.cpp's sampler (grammar over
-    the 262k-token vocabulary) once per agent — the cost the shared path removes."""
+    """5,000 draws each: the per-agent side runs llama.cpp's sampler (grammar over the 262k-token
+    vocabulary) once per agent — the cost the shared path removes."""
     n, m = 5000, PER_AGENT_DRAWS
     sampling = Sampling(0.7, 8)
-    per_agent_engine = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1, "shared_context": False}))
-    try:
-        per_agent = per_agent_engine.generate(RequestBatch(np.arange(m), [SHORT] * m, seeds(m, "per-agent"), sampling, CONSTRAINT))
-    finally:
-        per_agent_engine.close()
+    a = per_agent_reference(gguf, m, sampling.temperature)
     shared = engine.generate(RequestBatch(np.arange(n), [SHORT] * n, seeds(n, "shared"), sampling, CONSTRAINT))
     hotter = engine.generate(RequestBatch(np.arange(n), [SHORT] * n, seeds(n, "shared"), Sampling(1.0, 8), CONSTRAINT))
-    a, b, c = (np.array(x.text, dtype=object).astype(str) for x in (per_agent, shared, hotter))
+    b, c = (np.array(x.text, dtype=object).astype(str) for x in (shared, hotter))
     stat, df = chi_square(a, b)
     print(f"\n{m} per-agent vs {n} shared draws: chi2 = {stat:.1f}, df = {df}, critical (alpha 0.001) = {chi2_critical(df):.1f}")
     assert stat < chi2_critical(df)

@@ -47,6 +47,27 @@ def answer_language(low: float, high: float, integer: bool = True, leading_space
     return numbers + [" " + s for s in numbers] if leading_space else numbers
 
 
+#: The widest answer language the shared path enumerates. Integer answers in [0, 100] are 101
+#: numbers; a range up to 5,000 wide, or decimals over a range up to 45 wide, still fit. Wider
+#: languages (two-decimal answers over [0, 100] are 11,101 numbers) make the tree walk cost more
+#: model calls than sampling per agent, so those batches take the per-agent path.
+MAX_SHARED_ANSWERS = 5000
+
+
+def answer_count(low: float, high: float, integer: bool = True) -> int:
+    """How many numbers the answer grammar allows in [low, high] (without the leading space)."""
+    lo, hi = math.ceil(low), math.floor(high)
+    if hi < lo:
+        return 0
+    return hi - lo + 1 + (0 if integer else 110 * (hi - lo))
+
+
+def shares(constraint: Constraint | None) -> bool:
+    """Whether a batch with this constraint takes the shared path (an answer language small
+    enough to enumerate, ``MAX_SHARED_ANSWERS``); unconstrained text never does."""
+    return constraint is not None and answer_count(constraint.low, constraint.high, constraint.integer) <= MAX_SHARED_ANSWERS
+
+
 # --------------------------------------------------------------------------- the vocabulary
 @dataclass(frozen=True)
 class AnswerVocab:

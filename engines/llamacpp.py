@@ -16,7 +16,7 @@ from typing import Any, Literal, Sequence
 from pydantic import Field, field_validator
 
 from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, Sampling, register
-from engines.exact import Chain
+from engines.exact import Chain, shares
 from engines.llamacpp_shared import SharedContext
 from engines.models import DEFAULT_MODEL, MODELS, gguf_path, is_path, prompt_format, unknown_model
 from prompts.answers import number_gbnf
@@ -40,7 +40,7 @@ class LlamaCppSpec(EngineSpec):
         description="completion: the prompt as text to continue (base models); chat: the prompt in the GGUF's chat "
         "template (instruct models). Default: the bundled model's; a GGUF path: chat if the file has a chat template.",
     )
-    shared_context: bool = Field(True, description="Constrained answers from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed; false: one sampled completion per agent.")
+    shared_context: bool = Field(True, description="Constrained answers (a language of at most 5,000 numbers) from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed; false: one sampled completion per agent.")
 
     @field_validator("model")
     @classmethod
@@ -170,7 +170,7 @@ class LlamaCppEngine:
         if chat:
             texts = self.chat_template.render_all(batch.prompt, batch.opening)  # type: ignore[union-attr]
             batch = replace(batch, prompt=texts)
-        if batch.constraint is not None and self.spec.shared_context and len(batch):
+        if self.spec.shared_context and shares(batch.constraint) and len(batch):
             if self._shared is None:
                 self._shared = SharedContext(self.llm)
             # A chat-rendered prompt writes its own BOS (as _tokens below): none is added.

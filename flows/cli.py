@@ -109,6 +109,9 @@ def run(
         f"[bold]{cfg.name}[/] ({cfg.experiment_id}): {cfg.population.size:,} agents × {cfg.game.rounds} round(s) × "
         f"{len(cfg.arms_list())} arm(s) → {cfg.db}", highlight=False,
     )
+    import ray
+
+    ray_was_up = ray.is_initialized()  # a caller's own Ray (keynes run called in-process) stays up
     try:
         with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:
             with progress_hooks.reporting(RichReporter(bar)):
@@ -116,9 +119,7 @@ def run(
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
     finally:
-        import ray
-
-        if ray.is_initialized():
+        if ray.is_initialized() and not ray_was_up:
             ray.shutdown()
     if summary.get("message"):  # nothing was played: say why (e.g. a `continue` experiment is complete)
         console.print(summary["message"], highlight=False)

@@ -8,7 +8,8 @@ import re
 
 import numpy as np
 
-from engines.exact import AnswerTree, AnswerVocab, Chain, answer_language, walk
+from engines import Constraint
+from engines.exact import MAX_SHARED_ANSWERS, AnswerTree, AnswerVocab, Chain, answer_count, answer_language, shares, walk
 from prompts.answers import number_regex
 
 # A Llama-3-like vocabulary: single digits, multi-digit tokens, a space, space+digit tokens,
@@ -125,3 +126,11 @@ def test_draws_follow_the_seed_only():
     freq = np.bincount(leaves, minlength=len(dist.leaf_prob)) / len(seeds)
     assert np.abs(freq - dist.leaf_prob).max() < 0.01
     assert set(itertools.chain(dist.leaf_text)) == set(dist.answers)
+
+
+def test_the_shared_path_takes_answer_languages_it_can_enumerate():
+    for low, high, integer in [(0, 100, True), (0, 1, False), (17, 4321, True), (2.5, 7.5, False), (0, 100, False)]:
+        assert answer_count(low, high, integer) == len(answer_language(low, high, integer, leading_space=False))
+    assert shares(Constraint(0, 100, True)) and shares(Constraint(0, 1, False)) and shares(Constraint(17, 4321, True))
+    assert answer_count(0, 100, False) == 11_101 > MAX_SHARED_ANSWERS and not shares(Constraint(0, 100, False))
+    assert not shares(None)

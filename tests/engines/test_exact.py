@@ -179,28 +179,37 @@ def _per_agent_slice(lo: int, hi: int, m: int, temperature: float) -> list[str]:
         engine.close()
 
 
-def per_agent_reference(gguf, m: int, temperature: float) -> np.ndarray:
-    """``m`` per-agent draws of SHORT: the reference sample, drawn once per (model, llama.cpp,
-    per-agent engine code, prompt, sampling, seeds) and kept in the keynes cache.
+def reference_path(gguf, m: int, temperature: float) -> Path:
+    """Where the per-agent reference sample is kept: keyed by the model file, llama-cpp-python,
+    the per-agent path's own code (how a request becomes llama.cpp's sampler and grammar, and
+    the seeds), the prompt, the sampling and the count."""
+    import hashlib
+    import inspect
+    import json
 
-    The sample costs 8-50 minutes here (llama.cpp masks the 262k-token vocabulary by the grammar
+    import llama_cpp
+
+    from core.seeds import agent_seeds
+    from engines.llamacpp import LlamaCppEngine
+    from engines.models import cache_dir
+
+    code = "".join(inspect.getsource(f) for f in (LlamaCppEngine.generate, LlamaCppEngine._complete, LlamaCppEngine._grammar, agent_seeds))
+    key = hashlib.sha256(json.dumps([Path(gguf).name, Path(gguf).stat().st_size, llama_cpp.__version__, hashlib.sha256(code.encode()).hexdigest(),
+                                     SHORT, repr(Sampling(temperature, 8)), repr(CONSTRAINT), m]).encode()).hexdigest()[:16]
+    return cache_dir().parent / "reference-draws" / f"per-agent-{key}.json"
+
+
+def per_agent_reference(gguf, m: int, temperature: float) -> np.ndarray:
+    """``m`` per-agent draws of SHORT (llama.cpp's own sampler), drawn once and kept (``reference_path``).
+
+    The sample costs 10-50 minutes here (llama.cpp masks the 262k-token vocabulary by the grammar
     at every token); the shared side, the code under test, is computed afresh on every run.
     """
-    import hashlib
     import json
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    import llama_cpp
-
-    import core.seeds
-    import engines.llamacpp
-    from engines.models import cache_dir
-
-    code = b"".join(Path(module.__file__).read_bytes() for module in (engines.llamacpp, core.seeds))
-    key = hashlib.sha256(json.dumps([Path(gguf).name, Path(gguf).stat().st_size, llama_cpp.__version__, hashlib.sha256(code).hexdigest(),
-                                     SHORT, repr(Sampling(temperature, 8)), repr(CONSTRAINT), m]).encode()).hexdigest()[:16]
-    path = cache_dir().parent / "reference-draws" / f"per-agent-{key}.json"
+    path = reference_path(gguf, m, temperature)
     if path.exists():
         print(f"\nper-agent reference sample: {path} (kept from an earlier run)")
         return np.array(json.loads(path.read_text()), dtype=object).astype(str)

@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.llm, pytest.mark.slow]
 CONFIGS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "experiments").rglob("*.yaml"))
 LLM_KINDS = {"llamacpp", "vllm", "openai"}
 GEMMA = {"kind": "llamacpp"}  # the default model: Gemma 3 270M, from PyPI
-STAND_INS = [{"kind": "simulated", "rule": "cognitive_hierarchy"}, {"kind": "simulated", "rule": "uniform"}]
+#: Half a CPU each: a mixture's engines play at once, one actor each, and Gemma's takes one of the 2 CPUs.
+STAND_INS = [{"kind": "simulated", "rule": "cognitive_hierarchy", "num_cpus": 0.5}, {"kind": "simulated", "rule": "uniform", "num_cpus": 0.5}]
 SIZE, MAX_ROUNDS = 5, 2
 
 

@@ -40,7 +40,7 @@ class LlamaCppSpec(EngineSpec):
         description="completion: the prompt as text to continue (base models); chat: the prompt in the GGUF's chat "
         "template (instruct models). Default: the bundled model's; a GGUF path: chat if the file has a chat template.",
     )
-    shared_context: bool = Field(True, description="Constrained answers (a language of at most 5,000 numbers) from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed; false: one sampled completion per agent.")
+    shared_context: bool = Field(True, description="Constrained answers (a language of at most 1,000 numbers) from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed; false: one sampled completion per agent.")
 
     @field_validator("model")
     @classmethod

@@ -50,7 +50,7 @@ class VllmSpec(EngineSpec):
     enforce_eager: bool = Field(True, description="Skip graph capture / compilation: faster start, slower decoding. Set false on GPUs for long runs.")
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences vLLM decodes at once (vLLM's default when unset).")
     seed: int = Field(0, ge=0, description="The engine's global seed (every request also carries its agent's seed).")
-    shared_context: bool = Field(True, description="Constrained answers (a language of at most 5,000 numbers) from the exact answer distribution of each distinct prompt (raw logits of the answer tree's nodes, llama.cpp's sampling chain), drawn per agent with its seed; false: vLLM samples one completion per agent.")
+    shared_context: bool = Field(True, description="Constrained answers (a language of at most 1,000 numbers) from the exact answer distribution of each distinct prompt (raw logits of the answer tree's nodes, llama.cpp's sampling chain), drawn per agent with its seed; false: vLLM samples one completion per agent.")
 
     @model_validator(mode="after")
     def _resources(self) -> "VllmSpec":

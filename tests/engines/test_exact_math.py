@@ -131,6 +131,7 @@ def test_draws_follow_the_seed_only():
 def test_the_shared_path_takes_answer_languages_it_can_enumerate():
     for low, high, integer in [(0, 100, True), (0, 1, False), (17, 4321, True), (2.5, 7.5, False), (0, 100, False)]:
         assert answer_count(low, high, integer) == len(answer_language(low, high, integer, leading_space=False))
-    assert shares(Constraint(0, 100, True)) and shares(Constraint(0, 1, False)) and shares(Constraint(17, 4321, True))
+    assert shares(Constraint(0, 100, True)) and shares(Constraint(0, 1, False)) and shares(Constraint(0, 999, True))
+    assert answer_count(17, 4321, True) == 4305 > MAX_SHARED_ANSWERS and not shares(Constraint(17, 4321, True))
     assert answer_count(0, 100, False) == 11_101 > MAX_SHARED_ANSWERS and not shares(Constraint(0, 100, False))
     assert not shares(None)

@@ -18,7 +18,7 @@ import numpy as np
 from core.seeds import splitmix64, uniform01
 
 if TYPE_CHECKING:
-    from engines import CompletionBatch, Constraint, RequestBatch
+    from engines import CompletionBatch, Constraint, RequestBatch, Sampling
 
 #: Characters an answer can contain (numbers, one optional leading space).
 ANSWER_CHARS = frozenset(" 0123456789.")
@@ -205,6 +205,11 @@ class Chain:
     top_p: float = 1.0
     min_p: float = 0.05
     repeat_penalty: float = 1.1
+
+    @classmethod
+    def of(cls, sampling: Sampling) -> Chain:
+        """The chain of a batch's ``Sampling`` (the same knobs, on every engine)."""
+        return cls(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.repeat_penalty)
 
     def probabilities(self, tokens: np.ndarray, logits: np.ndarray, previous: Sequence[int] = ()) -> np.ndarray:
         """Next-token probabilities over the allowed ``tokens`` (sorted ids) given their raw

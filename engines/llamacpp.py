@@ -191,7 +191,7 @@ class LlamaCppEngine:
 
     def chain(self, sampling: Sampling) -> Chain:
         """The sampling chain both paths apply (``create_completion``'s, documented in ``Chain``)."""
-        return Chain(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.repeat_penalty)
+        return Chain.of(sampling)
 
     def _complete(self, request: Request, grammar: object | None, chat: bool = False) -> Completion:
         sampling = request.sampling

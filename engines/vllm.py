@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from engines import CompletionBatch, EngineSpec, RequestBatch, register
+from engines.exact import Chain, shares
 from engines.models import prompt_format
 from prompts.chat import ChatTemplate, PromptFormat
 
@@ -178,15 +179,12 @@ class VllmEngine:
         """
         n = len(batch)
         chat = batch.opening is not None and self.prompt_format == "chat"
-        from engines.exact import Chain, shares
-
         if self.spec.shared_context and shares(batch.constraint) and n:
             from engines.vllm_shared import VllmShared
 
             if self._shared is None:
                 self._shared = VllmShared(self.llm, self.path)
-            s = batch.sampling
-            chain = Chain(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty)
+            chain = Chain.of(batch.sampling)
             if chat:  # the same text the per-agent path sends, its special tokens written by the template
                 batch = replace(batch, prompt=self.chat_template.render_all(batch.prompt, batch.opening))  # type: ignore[union-attr]
             return self._shared.generate(batch, chain, self.spec.max_model_len, add_special_tokens=not chat)

@@ -3,7 +3,8 @@
 (a) round 1, education population, basic mode: N agents on the shared path; the per-agent path
     on a subsample of the same prompts (its cost is linear in agents); answers/s, CPU s, ratio.
 (b) a 3-round basic-mode experiment through ``keynes run``, shared vs ``shared_context=false``.
-(c) chain of thought, both paths (the reasoning is per agent on both).
+(c) chain of thought, both paths: one by one, against reasoning decoded many agents at a time
+    with each answer drawn in its agent's own KV stream.
 (d) N agents, round 1, through ``keynes run`` (shared): wall time and peak memory.
 
     uv run --extra llamacpp python benchmarks/shared_context.py --sections a,c
@@ -30,7 +31,7 @@ from populations.sampler import sample  # noqa: E402
 from populations.spec import load_spec  # noqa: E402
 from prompts.modes import FINAL_CUE  # noqa: E402
 from prompts.render import render  # noqa: E402
-from engines import Constraint, RequestBatch, Sampling  # noqa: E402
+from engines import Constraint, RequestBatch, Sampling, reason_and_answer  # noqa: E402
 from core.game import GameRule  # noqa: E402
 from core.seeds import agent_seeds  # noqa: E402
 from prompts.context import agent_variables, game_context  # noqa: E402
@@ -84,19 +85,13 @@ def section_a(n: int, per_agent_n: int, threads: int) -> None:
 
 
 def section_c(n: int, threads: int, max_reasoning: int = 48) -> None:
-    print(f"(c) chain of thought, {n} agents, {max_reasoning} reasoning tokens: reasoning per agent on both paths")
+    print(f"(c) chain of thought, {n} agents, at most {max_reasoning} reasoning tokens (as the flow runs it: engines.reason_and_answer)")
     batch = workload(n, "cot.j2")
     free = RequestBatch(batch.agent_id, batch.prompt, batch.seed, Sampling(0.7, max_reasoning), None)
     rates = []
-    for label, shared in (("per-agent path", False), ("shared-context answer phase", True)):
+    for label, shared in (("per-agent path", False), ("shared-context path (batched)", True)):
         e = engine(shared, threads)
-
-        def both():
-            reasoning = e.generate(free)
-            prompts = [p + r + FINAL_CUE for p, r in zip(batch.prompt, reasoning.text)]
-            return e.generate(RequestBatch(batch.agent_id, prompts, batch.seed, batch.sampling, CONSTRAINT))
-
-        _, wall, cpu = timed(both)
+        _, wall, cpu = timed(lambda e=e: reason_and_answer(e, free, batch, FINAL_CUE))
         rates.append(row(label, n, wall, cpu))
         e.close()
     print(f"  ratio: {rates[1] / rates[0]:.2f}x decisions/s")

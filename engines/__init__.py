@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -182,6 +182,8 @@ class Engine(Protocol):
     An engine may also set ``prompt_format = "chat"``: it then receives each prompt split
     into the user's message and the assistant's opening (``RequestBatch.opening``) and
     applies its model's chat template; without it prompts are plain text (completion).
+    An engine may also offer ``reason_and_answer`` (see the function of that name) to run
+    a chain of thought's two phases in one go.
     """
 
     kind: str
@@ -195,6 +197,25 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release the model and any server connections."""
         ...
+
+
+def reason_and_answer(engine: Engine, free: RequestBatch, answer: RequestBatch, cue: str, hook: bool = True) -> tuple[CompletionBatch, CompletionBatch]:
+    """Chain of thought: free text per agent (``free``), then its constrained ``answer``.
+
+    ``answer`` holds the same prompts (and openings) as ``free``; each agent's answer prompt
+    is its prompt (its opening, in chat format) followed by its free text and ``cue``. An
+    engine with a ``reason_and_answer`` method of its own runs both phases (e.g. keeping each
+    agent's context between them); otherwise the two are ``generate`` calls.
+    """
+    own = getattr(engine, "reason_and_answer", None) if hook else None
+    if own is not None:
+        return own(free, answer, cue)
+    reasoning = engine.generate(free)
+    if answer.opening is not None:  # the answer continues the same assistant turn
+        follow = replace(answer, opening=[o + r + cue for o, r in zip(answer.opening, reasoning.text)])
+    else:
+        follow = replace(answer, prompt=[p + r + cue for p, r in zip(answer.prompt, reasoning.text)])
+    return reasoning, engine.generate(follow)
 
 
 class EngineSpec(BaseModel):

@@ -285,42 +285,77 @@ class Distribution:
         return float(np.dot([float(a) for a in self.answers], self.probs))
 
 
-def walk(trees: Sequence[AnswerTree], chains: Sequence[Chain], evaluate: Evaluate) -> list[Distribution]:
-    """The exact answer distribution of each group (one tree and chain per group).
+class Walker:
+    """One group's walk of its answer tree, fed logits as an engine computes them.
 
     Level by level: every node reached with a positive probability that has a choice is
-    sent to ``evaluate`` (all groups' nodes of a level in one call, so batching engines run
-    them together); subtrees of probability 0 (cut by top-k, top-p, min-p or the argmax)
-    are never evaluated — exact, and the reason a whole tree costs a few model calls.
+    asked for (``asks``); once each has its logits (``give``), the next level is expanded.
+    Subtrees of probability 0 (cut by top-k, top-p, min-p or the argmax) are never asked
+    for — exact, and the reason a whole tree costs a few model calls.
     """
-    roots = [t.root for t in trees]
-    for r in roots:
-        r.prob = 1.0
-    level = [(g, r) for g, r in enumerate(roots)]
-    evaluated = [0] * len(trees)
-    while level:
-        for g, node in level:
-            trees[g].expand(node)
-        asks = [(g, n) for g, n in level if n.needs_logits]
-        requests = [NodeRequest(g, n.path, np.array([t for t, _ in n.children], np.int64)) for g, n in asks]
-        logits = evaluate(requests) if requests else []
-        computed = {id(n): z for (g, n), z in zip(asks, logits)}
-        nxt: list[tuple[int, Node]] = []
-        for g, node in level:
-            if id(node) in computed:
-                evaluated[g] += 1
-                tokens = np.array([t for t, _ in node.children], np.int64)
-                p = chains[g].probabilities(tokens, computed[id(node)], node.path)
-            else:
-                eog = [c is None for _, c in node.children]
-                p = np.full(len(node.children), 1.0 / max(1, sum(eog))) if all(eog) else np.array([1.0 if c is not None else 0.0 for _, c in node.children])
-            for (token, child), q in zip(node.children, p):
-                if child is not None and q > 0:
-                    child.prob = node.prob * q
-                    nxt.append((g, child))
-            node.step = p
-        level = nxt
-    return [_collect(root, n) for root, n in zip(roots, evaluated)]
+
+    def __init__(self, tree: AnswerTree, chain: Chain):
+        self.tree, self.chain = tree, chain
+        self.root = tree.root
+        self.root.prob = 1.0
+        self.evaluated = 0
+        self._level = [self.root]
+        self.asks: list[Node] = []
+        self._settle({})
+
+    @property
+    def done(self) -> bool:
+        return not self._level
+
+    def give(self, logits: dict[int, np.ndarray]) -> None:
+        """The raw logits of the allowed tokens of every node asked for, by ``id(node)``."""
+        self._settle(logits)
+
+    def _settle(self, computed: dict[int, np.ndarray]) -> None:
+        """Resolve the current level with ``computed``, then go down until a level asks for logits."""
+        while self._level:
+            for node in self._level:
+                self.tree.expand(node)
+            asks = [n for n in self._level if n.needs_logits]
+            if any(id(n) not in computed for n in asks):
+                self.asks = asks
+                return
+            nxt: list[Node] = []
+            for node in self._level:
+                if node.needs_logits:
+                    self.evaluated += 1
+                    tokens = np.array([t for t, _ in node.children], np.int64)
+                    p = self.chain.probabilities(tokens, computed[id(node)], node.path)
+                else:
+                    eog = [c is None for _, c in node.children]
+                    p = np.full(len(node.children), 1.0 / max(1, sum(eog))) if all(eog) else np.array([1.0 if c is not None else 0.0 for _, c in node.children])
+                for (token, child), q in zip(node.children, p):
+                    if child is not None and q > 0:
+                        child.prob = node.prob * q
+                        nxt.append(child)
+                node.step = p
+            self._level, computed = nxt, {}
+        self.asks = []
+
+    def distribution(self) -> "Distribution":
+        assert self.done, "the walk is not finished"
+        return _collect(self.root, self.evaluated)
+
+
+def walk(trees: Sequence[AnswerTree], chains: Sequence[Chain], evaluate: Evaluate) -> list[Distribution]:
+    """The exact answer distribution of each group (one tree and chain per group): every
+    group's ``Walker`` asks are sent to ``evaluate`` together, so batching engines run them at once."""
+    walkers = [Walker(t, c) for t, c in zip(trees, chains)]
+    while not all(w.done for w in walkers):
+        asks = [(g, n) for g, w in enumerate(walkers) for n in w.asks]
+        logits = evaluate([NodeRequest(g, n.path, np.array([t for t, _ in n.children], np.int64)) for g, n in asks])
+        computed: list[dict[int, np.ndarray]] = [{} for _ in walkers]
+        for (g, n), z in zip(asks, logits):
+            computed[g][id(n)] = z
+        for w, c in zip(walkers, computed):
+            if not w.done:
+                w.give(c)
+    return [w.distribution() for w in walkers]
 
 
 def _collect(root: Node, evaluated: int) -> Distribution:

@@ -15,9 +15,10 @@ from typing import Any, Literal, Sequence
 
 from pydantic import Field, field_validator
 
-from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, Sampling, register
+from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, Sampling, reason_and_answer, register
 from engines.exact import Chain, shares
-from engines.llamacpp_shared import SharedContext
+from engines.llamacpp_batch import SLOTS, Sequences, Then
+from engines.llamacpp_shared import SharedContext, prompt_tokens
 from engines.models import DEFAULT_MODEL, MODELS, gguf_path, is_path, prompt_format, unknown_model
 from prompts.answers import number_gbnf
 from prompts.chat import ChatTemplate, PromptFormat
@@ -40,7 +41,8 @@ class LlamaCppSpec(EngineSpec):
         description="completion: the prompt as text to continue (base models); chat: the prompt in the GGUF's chat "
         "template (instruct models). Default: the bundled model's; a GGUF path: chat if the file has a chat template.",
     )
-    shared_context: bool = Field(True, description="Constrained answers (a language of at most 1,000 numbers) from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed; false: one sampled completion per agent.")
+    shared_context: bool = Field(True, description="Constrained answers (a language of at most 1,000 numbers) from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed, and free text (reasoning) decoded `sequences` at a time; false: one sampled completion per agent for both.")
+    sequences: int = Field(SLOTS, ge=1, description="With shared_context: free-text requests decoded together, one KV stream each (1: one by one). An agent's text depends on its prompt, its seed and this number only.")
 
     @field_validator("model")
     @classmethod
@@ -142,7 +144,7 @@ class LlamaCppEngine:
         self.spec = spec
         self.model = spec.model_name
         self.path = gguf_path(spec.model)
-        threads = spec.n_threads or max(1, int(spec.num_cpus))
+        threads = self.threads = spec.n_threads or max(1, int(spec.num_cpus))
         with quiet():
             self.llm = Llama(
                 model_path=str(self.path),
@@ -157,6 +159,7 @@ class LlamaCppEngine:
         self.prompt_format = prompt_format(spec.model, spec.prompt_format, self.chat_template is not None)
         self._grammars: dict[Constraint, object] = {}
         self._shared: SharedContext | None = None
+        self._sequences: Sequences | None = None
 
     def generate(self, batch: RequestBatch) -> CompletionBatch:
         """Complete every request; constrained ones return only the number's text.
@@ -164,7 +167,8 @@ class LlamaCppEngine:
         In chat format every prompt is first rendered with the model's chat template (the
         game's prompt as the user's message, ``batch.opening`` opening the assistant's turn).
         Constrained batches then take the shared-context path (``shared_context``): the exact
-        answer distribution of each distinct prompt, drawn per agent.
+        answer distribution of each distinct prompt, drawn per agent; free-text batches decode
+        ``sequences`` agents at a time (``engines.llamacpp_batch``).
         """
         chat = batch.opening is not None and self.prompt_format == "chat"
         if chat:
@@ -175,6 +179,43 @@ class LlamaCppEngine:
                 self._shared = SharedContext(self.llm)
             # A chat-rendered prompt writes its own BOS (as _tokens below): none is added.
             return self._shared.generate(batch, self.chain(batch.sampling), add_bos=not chat)
+        if self.spec.shared_context and self.spec.sequences > 1 and batch.constraint is None and len(batch):
+            if self._sequences is None:
+                self._sequences = Sequences(self.llm, self.spec.sequences, self.spec.n_ctx, self.threads)
+            tokens = [prompt_tokens(self.llm, p, add_bos=not chat) for p in batch.prompt]
+            return CompletionBatch.from_rows(self._sequences.generate(tokens, batch.seed, batch.sampling, self.spec.stop).free)
+        return self.one_by_one(batch, chat)
+
+    def reason_and_answer(self, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
+        """Chain of thought (``engines.reason_and_answer``): with ``shared_context`` and
+        ``sequences`` > 1 each agent's answer follows its reasoning in the same KV stream (its
+        exact distribution, drawn with its seed), without evaluating the prompt again."""
+        if not (self.spec.shared_context and self.spec.sequences > 1 and shares(answer.constraint) and len(free)):
+            return reason_and_answer(self, free, answer, cue, hook=False)
+        chat = free.opening is not None and self.prompt_format == "chat"
+        rendered = self.chat_template.render_all(free.prompt, free.opening) if chat else free.prompt  # type: ignore[union-attr]
+        tokens = [prompt_tokens(self.llm, p, add_bos=not chat) for p in rendered]
+
+        def answer_prompt(i: int, text: str) -> tuple[str, list[int]]:
+            if chat:
+                prompt = self.chat_template.render_all([answer.prompt[i]], [answer.opening[i] + text + cue])[0]  # type: ignore[union-attr,index]
+            else:
+                prompt = answer.prompt[i] + text + cue
+            return prompt, prompt_tokens(self.llm, prompt, add_bos=not chat)
+
+        if self._sequences is None:
+            self._sequences = Sequences(self.llm, self.spec.sequences, self.spec.n_ctx, self.threads)
+        if self._shared is None:
+            self._shared = SharedContext(self.llm)
+        assert answer.constraint is not None
+        tree = self._shared.tree(answer.constraint, answer.sampling.max_tokens)
+        then = Then(answer_prompt, tree, self.chain(answer.sampling), answer.constraint)
+        out = self._sequences.generate(tokens, free.seed, free.sampling, self.spec.stop, then)
+        return CompletionBatch.from_rows(out.free), out.answers  # type: ignore[return-value]
+
+    def one_by_one(self, batch: RequestBatch, chat: bool = False) -> CompletionBatch:
+        """The per-agent path: one ``create_completion`` per request, llama.cpp's own sampler
+        (and grammar, for a constrained batch), seeded with the agent's seed."""
         grammar = self._grammar(batch.constraint) if batch.constraint is not None else None
         requests = list(batch)
         # Sorted prompts put shared prefixes next to each other: llama.cpp keeps the KV cache
@@ -236,6 +277,8 @@ class LlamaCppEngine:
         return self._grammars[constraint]
 
     def close(self) -> None:
+        if self._sequences is not None:
+            self._sequences.close()
         close = getattr(self.llm, "close", None)
         if close is not None:
             close()

@@ -44,6 +44,14 @@ def answer_vocab(llm: Any) -> AnswerVocab:
     return _VOCABS[key]
 
 
+def prompt_tokens(llm: Any, prompt: str, add_bos: bool = True) -> list[int]:
+    """The tokens ``create_completion`` evaluates for this prompt (BOS, text with special tokens)."""
+    tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+    bos = [llm.token_bos()] if add_bos and llm._model.add_bos_token() and llm.token_bos() != -1 else []
+    eos = [llm.token_eos()] if llm._model.add_eos_token() else []
+    return bos + tokens + eos
+
+
 class SharedContext:
     """Exact answer distributions on a loaded ``llama_cpp.Llama`` (its KV cache, one sequence)."""
 
@@ -75,12 +83,7 @@ class SharedContext:
         return self.answers.complete(batch, chain, compute)
 
     def prompt_tokens(self, prompt: str, add_bos: bool = True) -> list[int]:
-        """The tokens ``create_completion`` evaluates for this prompt (BOS, text with special tokens)."""
-        llm = self.llm
-        tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
-        bos = [llm.token_bos()] if add_bos and llm._model.add_bos_token() and llm.token_bos() != -1 else []
-        eos = [llm.token_eos()] if llm._model.add_eos_token() else []
-        return bos + tokens + eos
+        return prompt_tokens(self.llm, prompt, add_bos)
 
     def distribution(self, prompt: str, tree: AnswerTree, chain: Chain, add_bos: bool = True) -> tuple[Distribution, int]:
         tokens = self.prompt_tokens(prompt, add_bos)

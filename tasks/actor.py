@@ -21,7 +21,7 @@ import ray
 
 from core.arms import Arm
 from core.seeds import agent_seeds
-from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine
+from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine, reason_and_answer
 from prompts.answers import parse_answers
 from prompts.chat import split_cues
 from prompts.context import agent_variables
@@ -106,22 +106,19 @@ class ShardPlayer:
         tokens_out = np.zeros(len(ids), np.int64)
         latency = np.zeros(len(ids), np.float64)
         errors: list[str | None] = [None] * len(ids)
+        ask = RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_answer_tokens), constraint, rule, openings)
         if arm.mode.reasoning:
-            free = self.engine.generate(
-                RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_reasoning_tokens), None, opening=openings)
+            free, answer = reason_and_answer(
+                self.engine, RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_reasoning_tokens), None, opening=openings),
+                ask, FINAL_CUE,
             )
             reasoning = free.text
-            if openings is not None:  # the answer continues the same assistant turn
-                openings = [o + r + FINAL_CUE for o, r in zip(openings, free.text)]
-            else:
-                prompts = [p + r + FINAL_CUE for p, r in zip(prompts, free.text)]
             tokens_in += free.prompt_tokens
             tokens_out += free.completion_tokens
             latency += free.latency_s
             errors = list(free.error)
-        answer = self.engine.generate(
-            RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_answer_tokens), constraint, rule, openings)
-        )
+        else:
+            answer = self.engine.generate(ask)
         parsed = parse_answers(pl.Series(answer.text, dtype=pl.String), rule.low, rule.high, rule.integer)
         engine_error = pl.Series([e2 or e1 for e1, e2 in zip(errors, answer.error)], dtype=pl.String)
         guesses = pl.DataFrame(

@@ -193,7 +193,7 @@ def reference_path(gguf, m: int, temperature: float) -> Path:
     from engines.llamacpp import LlamaCppEngine
     from engines.models import cache_dir
 
-    code = "".join(inspect.getsource(f) for f in (LlamaCppEngine.generate, LlamaCppEngine._complete, LlamaCppEngine._grammar, agent_seeds))
+    code = "".join(inspect.getsource(f) for f in (LlamaCppEngine.one_by_one, LlamaCppEngine._complete, LlamaCppEngine._grammar, agent_seeds))
     key = hashlib.sha256(json.dumps([Path(gguf).name, Path(gguf).stat().st_size, llama_cpp.__version__, hashlib.sha256(code.encode()).hexdigest(),
                                      SHORT, repr(Sampling(temperature, 8)), repr(CONSTRAINT), m]).encode()).hexdigest()[:16]
     return cache_dir().parent / "reference-draws" / f"per-agent-{key}.json"

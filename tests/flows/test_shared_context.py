@@ -53,6 +53,26 @@ def runs(tmp_path_factory, prefect_api, local_ray):
 GUESSES = "select round, agent_id, raw, guess, completion_tokens, prompt_tokens, context from guesses order by round, agent_id"
 
 
+def cot_config(actors: int, shard_size: int) -> dict:
+    base = config(actors, shard_size)
+    return {**base, "name": "shared-cot", "population": {"spec": "education.yaml", "size": 20}, "game": {"ratio": "2/3", "rounds": 1},
+            "arms": {**base["arms"], "prompts": ["cot"], "max_reasoning_tokens": 24}}
+
+
+def test_chain_of_thought_gives_identical_guesses_with_1_or_3_actors_and_shards_of_500_or_7(tmp_path, prefect_api, local_ray):
+    """Reasoning decoded many agents at a time, each answer in its agent's own KV stream: an
+    agent's text and answer depend on its prompt and seed, not on who shares its batch."""
+    rows = {}
+    for actors, shard_size in [(1, 500), (3, 7)]:
+        path = tmp_path / f"cot-a{actors}-s{shard_size}.duckdb"
+        experiment(cot_config(actors, shard_size), db=str(path))
+        shutdown_pools()
+        rows[actors] = q(path, "select agent_id, reasoning, raw, guess, prompt_tokens, completion_tokens, context from guesses order by agent_id")
+        assert q(path, "select count(*), count(guess), count(context) from guesses")[0] == (20, 20, 20)
+    assert rows[1] == rows[3]
+    assert sum(bool(r[1].strip()) for r in rows[1]) >= 18
+
+
 def test_the_same_config_gives_identical_guesses_with_1_or_3_actors_and_shards_of_500_or_7(runs):
     one, three = runs[(1, 500)], runs[(3, 7)]
     a, b = q(one, GUESSES), q(three, GUESSES)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -97,33 +96,43 @@ def section_c(n: int, threads: int, max_reasoning: int = 48) -> None:
     print(f"  ratio: {rates[1] / rates[0]:.2f}x decisions/s")
 
 
-def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int = 2) -> tuple[float, float]:
-    """Wall seconds and peak RSS (GiB, this process's children) of one ``keynes run``."""
+def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int = 2) -> tuple[float, float, float]:
+    """Wall seconds, peak memory (GiB, summed RSS of ``keynes run`` and every process it starts:
+    Ray, the actors, Prefect's API) and their CPU seconds, of one ``keynes run``."""
+    from benchmarks.scale import MemorySampler
+
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "flows.cli", "run", str(REPO / "experiments/quickstart.yaml"), "--db", f"{tmp}/b.duckdb",
                "--set", f"population.size={n}", "--set", f"game.rounds={rounds}", "--set", "arms.prompts=[basic]",
                "--set", f"workers.shard_size={shard_size}", "--set", f"workers.actors={actors}",
                "--set", f"arms.engines=[{{kind: llamacpp, shared_context: {str(shared).lower()}}}]",
                "--set", "report.enabled=false"]
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
-        wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1 << 20)
-    return wall, peak
+        with MemorySampler() as sampler:
+            sampler.reset()
+            start = time.perf_counter()
+            subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+            wall = time.perf_counter() - start
+        import duckdb
+
+        with duckdb.connect(f"{tmp}/b.duckdb", read_only=True) as con:
+            rows, valid = con.execute("select count(*), count(guess) from guesses").fetchall()[0]
+        print(f"  guesses stored: {rows:,} ({valid:,} valid)")
+    return wall, sampler.peak / 2**30, sampler.cpu_s
 
 
 def section_b(n: int, per_agent_n: int) -> None:
-    print(f"(b) 3 rounds, basic, through keynes run: {n:,} agents shared, {per_agent_n} per agent")
-    w1, _ = keynes_run(per_agent_n, 3, False, max(1, per_agent_n // 4))
-    w2, _ = keynes_run(n, 3, True, max(1, n // 4))
+    print(f"(b) 3 rounds, basic, through keynes run: {n:,} agents shared, {per_agent_n:,} per agent")
+    w1, _, c1 = keynes_run(per_agent_n, 3, False, max(1, per_agent_n // 4))
+    w2, _, c2 = keynes_run(n, 3, True, max(1, n // 4))
     r1, r2 = 3 * per_agent_n / w1, 3 * n / w2
-    print(f"  per-agent {3 * per_agent_n:,} decisions {w1:.1f} s = {r1:.2f}/s; shared {3 * n:,} decisions {w2:.1f} s = {r2:.2f}/s; ratio {r2 / r1:.1f}x")
+    print(f"  per-agent {3 * per_agent_n:,} decisions {w1:.1f} s = {r1:.2f}/s ({c1:.0f} CPU s); "
+          f"shared {3 * n:,} decisions {w2:.1f} s = {r2:.2f}/s ({c2:.0f} CPU s); ratio {r2 / r1:.1f}x")
 
 
 def section_d(n: int) -> None:
-    print(f"(d) round 1 through keynes run, {n:,} agents, shared (whole flow: personas, Ray, DuckDB)")
-    wall, peak = keynes_run(n, 1, True, shard_size=max(1, n // 8))
-    print(f"  wall {wall:.1f} s, {n / wall:,.0f} decisions/s, peak RSS of one child process {peak:.2f} GiB")
+    print(f"(d) round 1 through keynes run, {n:,} agents, shared (whole command: Ray and Prefect start, personas, actors, DuckDB)")
+    wall, peak, cpu = keynes_run(n, 1, True, shard_size=max(1, n // 8))
+    print(f"  wall {wall:.1f} s, {n / wall:,.0f} decisions/s, peak memory {peak:.2f} GiB (every process), {cpu:.0f} CPU s")
 
 
 def main() -> None:

@@ -66,10 +66,11 @@ def row(label: str, answers: int, wall: float, cpu: float) -> float:
     return rate
 
 
-def engine(shared: bool, threads: int):
+def engine(shared: bool, threads: int, sequences: int | None = None):
     from engines.llamacpp import LlamaCppEngine, LlamaCppSpec
 
-    return LlamaCppEngine(LlamaCppSpec(n_threads=threads, shared_context=shared))
+    extra = {"sequences": sequences} if sequences else {}
+    return LlamaCppEngine(LlamaCppSpec(n_threads=threads, shared_context=shared, **extra))
 
 
 def section_a(n: int, per_agent_n: int, threads: int) -> None:
@@ -88,12 +89,12 @@ def section_c(n: int, threads: int, max_reasoning: int = 48) -> None:
     batch = workload(n, "cot.j2")
     free = RequestBatch(batch.agent_id, batch.prompt, batch.seed, Sampling(0.7, max_reasoning), None)
     rates = []
-    for label, shared in (("per-agent path", False), ("shared-context path (batched)", True)):
-        e = engine(shared, threads)
+    for label, shared, slots in (("per-agent path", False, None), ("shared, sequences 8 (default)", True, 8), ("shared, sequences 32", True, 32)):
+        e = engine(shared, threads, slots)
         _, wall, cpu = timed(lambda e=e: reason_and_answer(e, free, batch, FINAL_CUE))
         rates.append(row(label, n, wall, cpu))
         e.close()
-    print(f"  ratio: {rates[1] / rates[0]:.2f}x decisions/s")
+    print(f"  ratio: {rates[1] / rates[0]:.2f}x decisions/s (sequences 8), {rates[2] / rates[0]:.2f}x (sequences 32)")
 
 
 def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int = 2) -> tuple[float, float, float]:

@@ -31,8 +31,10 @@ from engines.llamacpp_shared import BLOCK
 
 #: Slots of the default engine. Measured on Gemma 3 270M, 2 threads, without flash attention
 #: (a step decodes one token per slot and computes each slot's 262k logits): 12 ms a token at
-#: 16 slots, 10 ms at 32, 9.5 ms at 64, against 22 ms for one sequence alone.
-SLOTS = 32
+#: 16 slots, 10 ms at 32, 9.5 ms at 64, against 22 ms for one sequence alone. Every step
+#: decodes all slots, so a shard of fewer agents than slots pays for the idle ones: the
+#: default suits shards of ~10 agents and more; large shards gain with 32.
+SLOTS = 8
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -162,7 +162,7 @@ def _deployments(api: str) -> dict:
 
 
 def test_serve_registers_a_deployment_per_config_with_its_schedule(served):
-    deployments = wait_for(lambda: (d := _deployments(served["api"])) and len(d) == 2 and d, 120, "two deployments")
+    deployments = wait_for(lambda: (d := _deployments(served["api"])) and len(d) == 2 and d, 300, "two deployments")
     manual, ticker = deployments["manual"], deployments["ticker"]
     assert manual.parameters == {"config": str(served["configs"]["manual"]), "overrides": [], "db": None}
     assert manual.schedules == []

@@ -179,18 +179,16 @@ class LlamaCppEngine:
                 self._shared = SharedContext(self.llm)
             # A chat-rendered prompt writes its own BOS (as _tokens below): none is added.
             return self._shared.generate(batch, self.chain(batch.sampling), add_bos=not chat)
-        if self.spec.shared_context and self.spec.sequences > 1 and batch.constraint is None and len(batch):
-            if self._sequences is None:
-                self._sequences = Sequences(self.llm, self.spec.sequences, self.spec.n_ctx, self.threads)
+        if self._batched and batch.constraint is None and len(batch):
             tokens = [prompt_tokens(self.llm, p, add_bos=not chat) for p in batch.prompt]
-            return CompletionBatch.from_rows(self._sequences.generate(tokens, batch.seed, batch.sampling, self.spec.stop).free)
+            return CompletionBatch.from_rows(self._streams().generate(tokens, batch.seed, batch.sampling, self.spec.stop).free)
         return self.one_by_one(batch, chat)
 
     def reason_and_answer(self, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
         """Chain of thought (``engines.reason_and_answer``): with ``shared_context`` and
         ``sequences`` > 1 each agent's answer follows its reasoning in the same KV stream (its
         exact distribution, drawn with its seed), without evaluating the prompt again."""
-        if not (self.spec.shared_context and self.spec.sequences > 1 and shares(answer.constraint) and len(free)):
+        if not (self._batched and shares(answer.constraint) and len(free)):
             return reason_and_answer(self, free, answer, cue, hook=False)
         chat = free.opening is not None and self.prompt_format == "chat"
         rendered = self.chat_template.render_all(free.prompt, free.opening) if chat else free.prompt  # type: ignore[union-attr]
@@ -203,15 +201,24 @@ class LlamaCppEngine:
                 prompt = answer.prompt[i] + text + cue
             return prompt, prompt_tokens(self.llm, prompt, add_bos=not chat)
 
-        if self._sequences is None:
-            self._sequences = Sequences(self.llm, self.spec.sequences, self.spec.n_ctx, self.threads)
         if self._shared is None:
             self._shared = SharedContext(self.llm)
         assert answer.constraint is not None
         tree = self._shared.tree(answer.constraint, answer.sampling.max_tokens)
         then = Then(answer_prompt, tree, self.chain(answer.sampling), answer.constraint)
-        out = self._sequences.generate(tokens, free.seed, free.sampling, self.spec.stop, then)
+        out = self._streams().generate(tokens, free.seed, free.sampling, self.spec.stop, then)
         return CompletionBatch.from_rows(out.free), out.answers  # type: ignore[return-value]
+
+    @property
+    def _batched(self) -> bool:
+        """Whether free text decodes many agents at a time (``shared_context``, ``sequences`` > 1)."""
+        return self.spec.shared_context and self.spec.sequences > 1
+
+    def _streams(self) -> Sequences:
+        """The batched-decoding context, made on first use."""
+        if self._sequences is None:
+            self._sequences = Sequences(self.llm, self.spec.sequences, self.spec.n_ctx, self.threads)
+        return self._sequences
 
     def one_by_one(self, batch: RequestBatch, chat: bool = False) -> CompletionBatch:
         """The per-agent path: one ``create_completion`` per request, llama.cpp's own sampler

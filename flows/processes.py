@@ -89,19 +89,25 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+#: The watchdog started for this process, if any: one per process, however many commands it runs.
+_WATCHDOG: list[subprocess.Popen] = []
+
+
 def guard(command: str) -> list[str]:
     """Clean up after killed predecessors, then watch this process: returns the cleanup lines."""
     lines = clean_leftovers()
+    if _WATCHDOG and _WATCHDOG[0].poll() is None:  # already watched (a second command in one process)
+        return lines
     me = psutil.Process()
     directory = records_dir()
     directory.mkdir(parents=True, exist_ok=True)
     record = directory / f"{me.pid}.json"
     _write(record, command, me, [])
-    subprocess.Popen(
+    _WATCHDOG[:] = [subprocess.Popen(
         [sys.executable, "-m", "flows.processes", str(me.pid), str(me.create_time()), str(record), command],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None, close_fds=True,
-    )
+    )]
     return lines
 
 
@@ -109,6 +115,23 @@ def _write(path: Path, command: str, parent: psutil.Process, children: list[tupl
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"pid": parent.pid, "created": parent.create_time(), "command": command, "children": children}))
     tmp.replace(path)  # readers never see half a record
+
+
+def descendants(children: list[psutil.Process], me: int) -> dict[int, tuple[int, float, str]]:
+    """pid → (pid, start time, name) of each child still running (not the watchdog ``me``).
+
+    A child that ends between the listing and this look is skipped: a short-lived
+    subprocess of the parent must never be taken for the parent's end.
+    """
+    found = {}
+    for child in children:
+        if child.pid == me:
+            continue
+        try:
+            found[child.pid] = (child.pid, child.create_time(), child.name())
+        except psutil.Error:
+            continue
+    return found
 
 
 def watch(parent_pid: int, parent_created: float, record: Path, command: str) -> None:
@@ -121,8 +144,8 @@ def watch(parent_pid: int, parent_created: float, record: Path, command: str) ->
     parent = _alive(parent_pid, parent_created)
     while parent is not None and not stop["now"]:
         try:
-            found = {c.pid: (c.pid, c.create_time(), c.name()) for c in parent.children(recursive=True) if c.pid != me}
-        except psutil.Error:
+            found = descendants(parent.children(recursive=True), me)
+        except psutil.NoSuchProcess:  # the parent is gone
             break
         if set(found) - set(seen):
             seen.update(found)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import yaml
 
-from flows.processes import clean_leftovers
+from flows.processes import clean_leftovers, descendants
 from tests.conftest import REPO
 from tests.support.waiting import wait_for
 
@@ -84,3 +84,22 @@ def test_the_next_start_ends_what_a_killed_command_left_and_says_so(tmp_path):
     finally:
         if orphan.poll() is None:
             orphan.kill()
+
+
+def test_a_child_that_ends_while_the_watchdog_looks_is_skipped_not_taken_for_the_parents_end():
+    # The watchdog lists the parent's children, then reads each one. A short-lived child can end
+    # in between; that used to end the watch, and the watchdog then ended every process it had
+    # seen (a Prefect server, a Ray raylet, ...) while their command still ran.
+    staying, leaving = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        listed = [psutil.Process(staying.pid), psutil.Process(leaving.pid)]
+        leaving.kill()
+        leaving.wait(10)  # gone between the listing and the look
+        with pytest.raises(psutil.NoSuchProcess):
+            listed[1].name()
+        found = descendants(listed, me=os.getpid())
+        assert list(found) == [staying.pid] and found[staying.pid][2] == "sleep"
+        assert descendants(listed[:1], me=staying.pid) == {}  # the watchdog never lists itself
+    finally:
+        staying.kill()
+        staying.wait(10)

@@ -247,7 +247,9 @@ class Sequences:
                     token = agent.feed.pop(0)
                     rows.append((token, len(agent.kv), slot))
                     agent.kv.append(token)
-            self._decode(rows, logits=True)
+            # Logits only where they are read: an idle slot or one still feeding has none (the
+            # 262k-wide output layer is most of a row's cost). Every row still runs the body.
+            self._decode(rows, logits=[agent is not None and not agent.feed for agent in live])
             for slot in range(self.slots):
                 agent = live[slot]
                 if agent is not None and not agent.feed:
@@ -284,14 +286,16 @@ class Sequences:
         self._held, self._held_logits = list(prompt), self._row(-1).copy()
         return self._held_logits
 
-    def _decode(self, rows: list[tuple[int, int, int]], logits: bool) -> None:
-        """Decode (token, position, stream) rows; logits for every row, or the last only."""
+    def _decode(self, rows: list[tuple[int, int, int]], logits: bool | list[bool]) -> None:
+        """Decode (token, position, stream) rows; logits for every row or the last only
+        (``True``/``False``), or for the rows a list marks."""
         import llama_cpp
 
         b = self._batch
         b.n_tokens = len(rows)
+        wanted = logits if isinstance(logits, list) else [logits or k == len(rows) - 1 for k in range(len(rows))]
         for k, (token, p, seq) in enumerate(rows):
-            b.token[k], b.pos[k], b.n_seq_id[k], b.logits[k] = token, p, 1, logits or k == len(rows) - 1
+            b.token[k], b.pos[k], b.n_seq_id[k], b.logits[k] = token, p, 1, wanted[k]
             b.seq_id[k][0] = seq
         code = llama_cpp.llama_decode(self.ctx.ctx, b)
         if code != 0:

@@ -9,6 +9,8 @@ Each config runs with ``--set``-style overrides: 5 agents, at most 2 rounds, one
   simulated behavioural rules (cognitive_hierarchy, uniform): the point there is several
   engines in one game, not three LLMs, and three Gemma actors would triple the cost;
 - simulated engines (behavioural baselines) are kept as they are;
+- engines that become the same CPU engine are kept once: the five vLLM models of
+  ``models_prompts`` become one Gemma, since five identical arms would test nothing more;
 - LLM-written backstories (``population.backstories``) are written by Gemma, 16 tokens each.
 """
 
@@ -45,7 +47,8 @@ def tiny(data: dict) -> list[str]:
         if game.get("rounds", 1) > MAX_ROUNDS:
             overrides.append(f"arms.games.{i}.rounds={MAX_ROUNDS}")
     if "engines" in arms:
-        overrides.append("arms.engines=" + json.dumps([_cpu_engine(e) for e in arms["engines"]]))
+        engines = list({json.dumps(e, sort_keys=True): e for e in map(_cpu_engine, arms["engines"])}.values())
+        overrides.append("arms.engines=" + json.dumps(engines))
     backstories = data.get("population", {}).get("backstories", {})
     if backstories.get("enabled"):  # LLM-written backstories: Gemma writes short ones
         overrides += ["population.backstories.engine=" + json.dumps(_cpu_engine(backstories.get("engine", GEMMA))),

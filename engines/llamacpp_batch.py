@@ -13,7 +13,8 @@ never on the other agents of the batch: a prompt is evaluated alone, in blocks a
 positions (as in ``engines.llamacpp_shared``), into a source stream whose KV is copied
 bit for bit to the agent's slot (llama.cpp makes the copy at the next decode, so the
 source changes only after a step), and every step decodes exactly ``slots`` rows (idle slots
-decode a placeholder), so each step runs the same kernels whoever shares it. Agents with the
+decode a placeholder; logits are computed only for the rows that draw a token), so each step
+runs the same kernels whoever shares it. Agents with the
 same prompt share its evaluation; sorted prompts reuse their common prefix.
 """
 

@@ -282,21 +282,20 @@ class Sequences:
         p = keep
         while p < len(prompt):
             end = min(len(prompt), (p // BLOCK + 1) * BLOCK)
-            self._decode([(t, q, self.source) for q, t in zip(range(p, end), prompt[p:end])], logits=False)
+            self._decode([(t, q, self.source) for q, t in zip(range(p, end), prompt[p:end])])
             p = end
         self._held, self._held_logits = list(prompt), self._row(-1).copy()
         return self._held_logits
 
-    def _decode(self, rows: list[tuple[int, int, int]], logits: bool | list[bool]) -> None:
-        """Decode (token, position, stream) rows; logits for every row or the last only
-        (``True``/``False``), or for the rows a list marks."""
+    def _decode(self, rows: list[tuple[int, int, int]], logits: list[bool] | None = None) -> None:
+        """Decode (token, position, stream) rows; logits for the rows ``logits`` marks (default: the last)."""
         import llama_cpp
 
         b = self._batch
         b.n_tokens = len(rows)
-        wanted = logits if isinstance(logits, list) else [logits or k == len(rows) - 1 for k in range(len(rows))]
         for k, (token, p, seq) in enumerate(rows):
-            b.token[k], b.pos[k], b.n_seq_id[k], b.logits[k] = token, p, 1, wanted[k]
+            b.token[k], b.pos[k], b.n_seq_id[k] = token, p, 1
+            b.logits[k] = logits[k] if logits is not None else k == len(rows) - 1
             b.seq_id[k][0] = seq
         code = llama_cpp.llama_decode(self.ctx.ctx, b)
         if code != 0:

@@ -163,7 +163,7 @@ def _deployments(api: str) -> dict:
 
 def test_serve_registers_a_deployment_per_config_with_its_schedule(served):
     # The reporting fixture adds a third deployment to the same server when its tests ran first.
-    deployments = wait_for(lambda: (d := _deployments(served["api"])) and {"manual", "ticker"} <= set(d) and d, 300,
+    deployments = wait_for(lambda: (d := _deployments(served["api"])) and {"manual", "ticker"} <= set(d) and d, 120,
                            "the manual and ticker deployments")
     manual, ticker = deployments["manual"], deployments["ticker"]
     assert manual.parameters == {"config": str(served["configs"]["manual"]), "overrides": [], "db": None}

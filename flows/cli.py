@@ -12,6 +12,10 @@ import os
 _LOG_LEVEL_CHOSEN = "PREFECT_LOGGING_LEVEL" in os.environ
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Without PREFECT_API_URL the first flow starts Prefect's temporary API (~8 s here). Prefect
+# gives it 20 s, which a busy laptop can miss; a run that waits longer loses nothing.
+STARTUP_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+os.environ.setdefault(STARTUP_TIMEOUT, "120")
 # Under `uv run`, Ray would start its workers with `uv run` in a copy of the project: a fresh
 # environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
 # instead; RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 gets Ray's behaviour back.
@@ -118,6 +122,12 @@ def run(
                 summary = experiment(str(config), overrides)
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
+    except RuntimeError as exc:
+        if "ephemeral Prefect API" not in str(exc):
+            raise
+        fail(f"Prefect's temporary API did not start within {os.environ[STARTUP_TIMEOUT]} s ({STARTUP_TIMEOUT}); "
+             "nothing was run. Give it longer, or start a server once (prefect server start) and "
+             "export PREFECT_API_URL=http://127.0.0.1:4200/api")
     finally:
         if ray.is_initialized() and not ray_was_up:
             ray.shutdown()

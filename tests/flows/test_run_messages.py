@@ -1,5 +1,6 @@
 """What `keynes run` says in the terminal: a `continue` experiment that is already complete
-says so (instead of "0 round(s) played"), and a bad override is one line, exit status 2."""
+says so (instead of "0 round(s) played"), a bad override is one line, exit status 2, and so is
+a temporary Prefect API that does not start in time."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import yaml
 from tests.conftest import REPO
 
 
-def keynes_run(config, tmp_path, *args: str) -> subprocess.CompletedProcess:
+def keynes_run(config, tmp_path, *args: str, startup_timeout: int = 180) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), KEYNES_CACHE=str(tmp_path / "cache"),
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=str(startup_timeout))
     return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -38,3 +39,22 @@ def test_a_complete_continue_experiment_says_so_in_the_terminal(tmp_path):
     bad = keynes_run(config, tmp_path, "--set", "population.size=-3")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == ["error: population.size: -3: input should be greater than 0"]
+
+
+@pytest.mark.slow
+def test_a_temporary_prefect_api_that_starts_too_slowly_is_one_clear_line_and_runs_nothing(tmp_path):
+    db = tmp_path / "late.duckdb"
+    config = tmp_path / "late.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "late", "seed": 1, "population": {"size": 10}, "game": {"rounds": 1},
+        "workers": {"actors": 1, "shard_size": 10}, "report": {"enabled": False}, "db": str(db),
+    }))
+    # The API needs several seconds to start here: one second is too short.
+    late = keynes_run(config, tmp_path, startup_timeout=1)
+    assert late.returncode == 2, late.stderr[-3000:]
+    assert late.stderr.strip().splitlines()[-1] == (
+        "error: Prefect's temporary API did not start within 1 s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); "
+        "nothing was run. Give it longer, or start a server once (prefect server start) and "
+        "export PREFECT_API_URL=http://127.0.0.1:4200/api")
+    assert "Traceback" not in late.stderr
+    assert not db.exists()

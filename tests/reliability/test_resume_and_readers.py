@@ -193,7 +193,8 @@ def test_sigkill_mid_round_then_rerun_finishes_exactly_like_an_uninterrupted_run
                 if rounds >= 1 and partial:
                     break
             time.sleep(0.05)
-        assert victim.poll() is None, "the run finished before it could be killed"
+        if victim.poll() is not None:
+            pytest.fail(f"the run ended (exit {victim.returncode}) before it could be killed:\n{victim.stderr.read()[-3000:]}")
         children = descendants(victim.pid)
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)

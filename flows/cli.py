@@ -48,6 +48,9 @@ def main_options(
             os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
 
 
+START_A_SERVER = "start a server (prefect server start) and export PREFECT_API_URL=http://127.0.0.1:4200/api"
+
+
 def fail(message: str) -> None:
     """Print one line and exit with status 2."""
     console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
@@ -126,8 +129,7 @@ def run(
         if "ephemeral Prefect API" not in str(exc):
             raise
         fail(f"Prefect's temporary API did not start within {os.environ[STARTUP_TIMEOUT]} s ({STARTUP_TIMEOUT}); "
-             "nothing was run. Give it longer, or start a server once (prefect server start) and "
-             "export PREFECT_API_URL=http://127.0.0.1:4200/api")
+             f"nothing was run. Give it longer, or {START_A_SERVER}")
     finally:
         if ray.is_initialized() and not ray_was_up:
             ray.shutdown()
@@ -237,8 +239,7 @@ def serve(
 
     api = PREFECT_API_URL.value()
     if not api:
-        fail("PREFECT_API_URL is not set: start a server (prefect server start) and "
-             "export PREFECT_API_URL=http://127.0.0.1:4200/api")
+        fail(f"PREFECT_API_URL is not set: {START_A_SERVER}")
     problem = ping(api)
     if problem:
         fail(f"PREFECT_API_URL {api}: {problem}")

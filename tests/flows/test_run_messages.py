@@ -54,7 +54,7 @@ def test_a_temporary_prefect_api_that_starts_too_slowly_is_one_clear_line_and_ru
     assert late.returncode == 2, late.stderr[-3000:]
     assert late.stderr.strip().splitlines()[-1] == (
         "error: Prefect's temporary API did not start within 1 s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); "
-        "nothing was run. Give it longer, or start a server once (prefect server start) and "
+        "nothing was run. Give it longer, or start a server (prefect server start) and "
         "export PREFECT_API_URL=http://127.0.0.1:4200/api")
     assert "Traceback" not in late.stderr
     assert not db.exists()

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.llm, pytest.mark.slow]
+pytestmark = pytest.mark.slow  # the simulated engine only: no model, but a whole `keynes run` subprocess
 
 SIZE, ROUNDS, SHARD = 6000, 3, 200
 

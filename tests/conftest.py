@@ -49,6 +49,25 @@ def local_ray():
     ray.shutdown()
 
 
+#: The session's one quickstart run: the shipped config (Gemma 3 270M on llama.cpp, basic and chain
+#: of thought, 3 rounds, 2 actors, shards of 5) with 10 agents instead of 30, so that each round
+#: still has two shards per arm. The report, plan and llama.cpp flow tests all read it.
+QUICKSTART = REPO / "experiments" / "quickstart.yaml"
+QUICKSTART_OVERRIDES = ["population.size=10"]
+
+
+@pytest.fixture(scope="session")
+def quickstart(tmp_path_factory, prefect_api, local_ray) -> tuple[Path, dict]:
+    """The quickstart played once for the session through the real flow (real Gemma, real
+    Prefect API, real Ray) into its own DuckDB file, with its report page: (path, summary).
+    Tests read it; none writes to it."""
+    from flows.experiment import experiment
+
+    path = tmp_path_factory.mktemp("quickstart") / "keynes.duckdb"
+    summary = experiment(str(QUICKSTART), QUICKSTART_OVERRIDES, db=str(path))
+    return path, summary
+
+
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     """A fresh DuckDB file path."""

@@ -105,29 +105,22 @@ def test_an_unknown_model_is_named():
         build_engine(parse_spec({"kind": "llamacpp", "model": "/nowhere/gemma-7b.gguf"}))
 
 
-def test_real_gemma_agents_play_basic_and_chain_of_thought(prefect_api, local_ray, db):
-    from flows.experiment import experiment
-
-    config = {
-        "name": "gemma-small",
-        "seed": 3,
-        "population": {"spec": "education.yaml", "size": 6},
-        "game": {"ratio": "2/3", "rounds": 2},
-        "arms": {"engines": [{"kind": "llamacpp"}], "prompts": ["basic", "cot"], "max_reasoning_tokens": 40},
-        "workers": {"actors": 2, "shard_size": 3},
-    }
-    summary = experiment(config, db=str(db))
-    assert summary["rows_written"] == 6 * 2 * 2
+def test_real_gemma_agents_play_the_quickstart_basic_and_chain_of_thought(quickstart):
+    """The session's quickstart run (10 agents × 3 rounds × basic and cot, 2 actors, shards of 5)."""
+    db, summary = quickstart
+    assert summary["rows_written"] == 10 * 3 * 2
     assert q(db, "select count(*) from guesses where not valid") == [(0,)]
     assert q(db, "select count(*) from guesses where guess < 0 or guess > 100 or guess != round(guess)") == [(0,)]
     assert q(db, "select distinct engine, model from guesses") == [("llamacpp", "gemma-3-270m")]
     assert q(db, "select min(prompt_tokens) > 40, min(completion_tokens) >= 1, min(latency_s) > 0, min(attempts) from guesses") == [(True, True, True, 1)]
     rows = q(db, "select r.prompt_mode, count(*), count(g.reasoning), count(nullif(trim(g.reasoning), '')) from guesses g join runs r using (run_id) group by all order by 1")
-    assert rows[0] == ("basic", 12, 0, 0)
-    assert rows[1][:3] == ("cot", 12, 12) and rows[1][3] >= 9  # a base model may open with a blank line
+    assert rows[0] == ("basic", 30, 0, 0)
+    assert rows[1][:3] == ("cot", 30, 30) and rows[1][3] >= 22  # a base model may open with a blank line
     # Chain of thought spends more tokens: the reasoning's are counted too.
     tokens = dict(q(db, "select r.prompt_mode, avg(g.completion_tokens) from guesses g join runs r using (run_id) group by all"))
     assert tokens["cot"] > tokens["basic"]
+    # Every round of both arms is stored.
+    assert q(db, "select count(distinct (run_id, round)) from guesses") == [(6,)]
 
 
 def test_a_mixture_of_gemma_and_the_simulated_engine(prefect_api, local_ray, db):
@@ -154,14 +147,3 @@ def test_a_mixture_of_gemma_and_the_simulated_engine(prefect_api, local_ray, db)
     engine, model, spec = q(db, "select engine, model, spec from runs")[0]
     assert (engine, model) == ("mixture", "mixture")
     assert [c["engine"]["kind"] for c in json.loads(spec)["components"]] == ["llamacpp", "simulated"]
-
-
-def test_the_quickstart_config_plays_gemma_at_a_tiny_size(prefect_api, local_ray, db):
-    from flows.experiment import experiment
-    from tests.conftest import REPO
-
-    overrides = ["population.size=4", "game.rounds=1", "arms.max_reasoning_tokens=16", "workers.shard_size=2"]
-    summary = experiment(str(REPO / "experiments/quickstart.yaml"), overrides=overrides, db=str(db))
-    assert summary["rows_written"] == 4 * 2
-    assert q(db, "select engine, model, bool_and(valid) from guesses group by all") == [("llamacpp", "gemma-3-270m", True)]
-    assert q(db, "select count(reasoning) from guesses g join runs r using (run_id) where r.prompt_mode = 'cot'") == [(4,)]

@@ -9,12 +9,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import QUICKSTART, QUICKSTART_OVERRIDES, REPO
 from tests.support.sql import q
-
-QUICKSTART = REPO / "experiments" / "quickstart.yaml"
-#: The quickstart, smaller: 10 agents × 2 rounds × (basic: 1 phase, cot: 2 phases).
-SMALLER = ["population.size=10", "game.rounds=2"]
 
 
 def keynes(*args: str) -> subprocess.CompletedProcess:
@@ -27,22 +23,23 @@ def sets(overrides: list[str]) -> list[str]:
 
 @pytest.mark.llm
 @pytest.mark.slow
-def test_the_plan_of_the_quickstart_matches_a_real_run(tmp_path, prefect_api, local_ray):
-    from flows.experiment import experiment
-
-    db = tmp_path / "plan.duckdb"
-    result = keynes("plan", str(QUICKSTART), *sets(SMALLER + [f"db={db}"]), "--format", "json")
+def test_the_plan_of_the_quickstart_matches_a_real_run(tmp_path, quickstart):
+    """The plan of the session's quickstart run (10 agents × 3 rounds × basic: 1 phase, cot: 2
+    phases) against the tokens that run stored."""
+    db, _ = quickstart
+    planned_db = tmp_path / "plan.duckdb"
+    result = keynes("plan", str(QUICKSTART), *sets(QUICKSTART_OVERRIDES + [f"db={planned_db}"]), "--format", "json")
     assert result.returncode == 0, result.stderr
     rows = {r["prompt_mode"]: r for r in json.loads(result.stdout)}
-    assert not db.exists()  # a plan writes nothing
-    assert {mode: r["calls"] for mode, r in rows.items()} == {"basic": 10 * 2 * 1, "cot": 10 * 2 * 2}
+    assert not planned_db.exists()  # a plan writes nothing
+    assert {mode: r["calls"] for mode, r in rows.items()} == {"basic": 10 * 3 * 1, "cot": 10 * 3 * 2}
     assert all(r["seconds"] and r["seconds"] > 0 for r in rows.values())
 
-    experiment(str(QUICKSTART), SMALLER, db=str(db))
     stored = q(db, "select r.prompt_mode, sum(g.prompt_tokens), sum(g.completion_tokens), count(*) "
                    "from guesses g join runs r using (run_id) group by 1")
+    assert {mode for mode, *_ in stored} == set(rows)
     for mode, prompt_tokens, completion_tokens, guesses in stored:
-        assert guesses == 20
+        assert guesses == 30
         plan = rows[mode]
         assert plan["prompt_tokens"] == pytest.approx(prompt_tokens, rel=0.2), (mode, plan, prompt_tokens)
         assert plan["completion_tokens"] == pytest.approx(completion_tokens, rel=0.2), (mode, plan, completion_tokens)

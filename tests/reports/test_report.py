@@ -1,4 +1,7 @@
-"""The quickstart ends with a report page; it works offline in real headless Chromium."""
+"""The quickstart ends with a report page; it works offline in real headless Chromium.
+
+The quickstart is the session's one run (``quickstart`` in tests/conftest.py: 10 agents).
+"""
 
 from __future__ import annotations
 
@@ -15,20 +18,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from flows.experiment import experiment
 from tests.conftest import REPO
 from tests.reports.browser import CHROMIUM, Chromium
 
 pytestmark = pytest.mark.llm  # the quickstart's agents are the real Gemma 3 270M
 
-
-
-@pytest.fixture(scope="module")
-def quickstart(tmp_path_factory, prefect_api, local_ray):
-    """The quickstart as shipped (its own size), run through the flow into a fresh file."""
-    path = tmp_path_factory.mktemp("quickstart") / "keynes.duckdb"
-    summary = experiment(str(REPO / "experiments/quickstart.yaml"), db=str(path))
-    return path, summary
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +81,7 @@ def test_key_numbers_are_on_the_page(quickstart, page):
     for round_, target, mean, winning in rounds:
         for value in (target, mean, winning):
             assert f"{value:,.2f}" in page["text"], (round_, value)
-    for words in ("Nagel (1995)", "36.73", "llamacpp", "Arms", "Population (30 agents)"):
+    for words in ("Nagel (1995)", "36.73", "llamacpp", "Arms", "Population (10 agents)"):
         assert words in page["text"], words
     # plot titles are drawn on the canvases: they are in the page's document
     for title in ("Convergence across rounds: arm 0", "Round 3: guesses", "Mean guess per round by prompt mode",

@@ -10,6 +10,8 @@ import pytest
 
 from core.game import GameOverride, GameRule, Groups, group_outcomes, outcome
 
+pytestmark = pytest.mark.quick
+
 RULES = {
     "2/3": GameRule(ratio="2/3"),
     "1/2": GameRule(ratio="1/2"),

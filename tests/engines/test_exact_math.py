@@ -7,10 +7,13 @@ import math
 import re
 
 import numpy as np
+import pytest
 
 from engines import Constraint
 from engines.exact import MAX_SHARED_ANSWERS, AnswerTree, AnswerVocab, Chain, answer_count, answer_language, shares, walk
 from prompts.answers import number_regex
+
+pytestmark = pytest.mark.quick
 
 # A Llama-3-like vocabulary: single digits, multi-digit tokens, a space, space+digit tokens,
 # a token no answer can use, and two end-of-generation tokens (ids 0 and 1).

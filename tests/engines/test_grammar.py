@@ -8,6 +8,8 @@ import pytest
 
 from prompts.answers import number_gbnf, number_regex
 
+pytestmark = pytest.mark.quick
+
 RANGES = [(0, 100, True), (0, 100, False), (10, 250, True), (0, 1, False), (5, 5, True), (1, 1000, True), (0, 30, False)]
 
 

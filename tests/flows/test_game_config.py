@@ -7,6 +7,8 @@ import pytest
 from flows.config import ConfigError
 from flows.loading import load_config
 
+pytestmark = pytest.mark.quick
+
 BASE = {"name": "cfg", "population": {"spec": "education.yaml", "size": 10}}
 
 

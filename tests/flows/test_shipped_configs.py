@@ -9,6 +9,8 @@ import yaml
 from flows.loading import load_config
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.quick
+
 CONFIGS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "experiments").rglob("*.yaml"))
 
 

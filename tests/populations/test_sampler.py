@@ -12,6 +12,8 @@ from populations.sampler import sample
 from populations.spec import load_spec, parse_spec
 from populations.summary import expected_shares, share_report
 
+pytestmark = pytest.mark.quick
+
 ADULTS = load_spec("adults.yaml")
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from populations.spec import Categorical, Conditional, Numeric, SpecError, load_spec, parse_spec
 
+pytestmark = pytest.mark.quick
+
 EDUCATION = {"High School": 0.5, "Ph.D.": 0.5}
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from prompts.chat import ChatTemplate, split_cue, split_cues
 
+pytestmark = pytest.mark.quick
+
 CHATML = (
     "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -15,6 +15,8 @@ from prompts.context import game_context, groups_context, population_context
 from prompts.modes import MODES, TEMPLATE_DIR, custom_mode, get_mode
 from prompts.render import render, template_variables
 
+pytestmark = pytest.mark.quick
+
 PERSONAS = pl.DataFrame(
     {
         "agent_id": [0, 1, 2, 3, 4],

@@ -16,6 +16,8 @@ from core.hierarchy import cognitive_hierarchy_choices, cognitive_hierarchy_mean
 from core.seeds import agent_seeds
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 
+pytestmark = pytest.mark.quick
+
 
 def ch_by_hand(ratio: float, offset: float, tau: float, low=0.0, high=100.0, levels=60):
     """Cognitive hierarchy from the definition: Poisson(τ) levels; level 0 uniform on

@@ -20,6 +20,8 @@ from warehouse.analyses import PAIRED_METHOD, TAU_METHOD, refresh
 from warehouse.depth import TAU_MAX, Hierarchy, bootstrap_means, fit_tau, paired_test
 from warehouse.depth_views import EQUILIBRIUM_BAND
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def analysed(filled):

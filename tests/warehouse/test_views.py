@@ -8,6 +8,8 @@ import pytest
 
 from tests.warehouse.conftest import EXPERIMENT, ROUNDS, N
 
+pytestmark = pytest.mark.quick
+
 KEY = ["run_id", "round"]
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import duckdb
 import polars as pl
@@ -61,18 +62,18 @@ def small(tmp_path_factory):
 
 
 def stock_duckdb() -> list[str]:
-    """The stock DuckDB shell: on PATH, else the `duckdb-cli` package from PyPI through uvx."""
-    if shutil.which("duckdb"):
-        return ["duckdb"]
-    if shutil.which("uvx"):
-        return ["uvx", "--from", "duckdb-cli>=1.4", "duckdb"]
-    pytest.fail("neither a `duckdb` shell nor uvx (pip install uv) is available")
+    """The stock DuckDB shell that the dev dependencies install (the `duckdb-cli` package puts a
+    `duckdb` command next to this interpreter): nothing is downloaded while the tests run."""
+    shell = Path(sysconfig.get_path("scripts")) / "duckdb"
+    if not shell.exists():
+        pytest.fail(f"no DuckDB shell at {shell}: install the dev dependencies (`uv sync` installs the duckdb-cli package)")
+    return [str(shell)]
 
 
 def test_the_file_opens_in_the_stock_duckdb_cli(small):
     query = "SELECT arm, round, round(target, 4) AS t FROM round_summary ORDER BY arm, round"
     result = subprocess.run([*stock_duckdb(), "-readonly", "-csv", str(small), "-c", query],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     with duckdb.connect(str(small), read_only=True) as con:
         expected = con.execute(query).fetchall()
@@ -80,7 +81,7 @@ def test_the_file_opens_in_the_stock_duckdb_cli(small):
     assert lines[0] == "arm,round,t"
     assert [tuple(float(x) for x in line.split(",")) for line in lines[1:]] == [tuple(map(float, r)) for r in expected]
     result = subprocess.run([*stock_duckdb(), "-readonly", "-csv", str(small), "-c",
-                             "SELECT count(DISTINCT attribute) FROM persona_attributes"], capture_output=True, text=True, timeout=300)
+                             "SELECT count(DISTINCT attribute) FROM persona_attributes"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == "4", result.stderr
 
 

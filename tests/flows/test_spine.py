@@ -111,17 +111,27 @@ def test_running_again_writes_nothing_new(spine_db, prefect_api, local_ray):
 
 
 def test_second_round_prompt_announces_the_previous_winner(spine_db):
-    import polars as pl
-
+    """Round 2's prompts as ``play_round`` builds them from the flow's warehouse (the stored
+    round-1 outcome, each agent's own stored guess) name the winning number and the agent's guess."""
     from core.game import GameRule
-    from prompts.context import game_context
-    from prompts.render import render
+    from prompts.context import agent_variables, game_context
+    from prompts.render import format_number, render
+    from warehouse.store import Warehouse
 
     path, _ = spine_db
-    history = [{"round": 1, "mean": 40.5, "winning_guess": 27.0, "target": 27.0}]
-    text = render("basic.j2", {"game": game_context(GameRule(), 10), "round": 2, "history": history},
-                  pl.DataFrame({"own_guesses": [[33.0]]}))[0]
-    assert "the winning number was 27" in text and "you named 33" in text
+    [(run_id,)] = q(path, "select run_id from runs where prompt_mode = 'basic'")
+    warehouse = Warehouse(path)
+    history = warehouse.history(run_id, 2)
+    own = warehouse.own_guesses(run_id, 2).sort("agent_id")
+    [(winner,)] = q(path, "select winning_guess from rounds where run_id = ? and round = 1", [run_id])
+    guesses = q(path, "select agent_id, guess from guesses where run_id = ? and round = 1 order by agent_id", [run_id])
+    assert [h["round"] for h in history] == [1] and own["agent_id"].to_list() == [a for a, _ in guesses]
+    texts = render("basic.j2", {"game": game_context(GameRule(ratio="2/3", rounds=3), 250), "round": 2, "history": history},
+                   agent_variables(own))
+    assert len(texts) == 250
+    for text, (_, guess) in zip(texts, guesses):
+        assert f"the winning number was {format_number(winner)}" in text, text
+        assert f"you named {format_number(guess)}." in text, text
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 
 import duckdb
+import httpx
 import numpy as np
 import pytest
 
@@ -105,10 +107,35 @@ def test_the_error_is_stored_when_the_retry_budget_is_spent():
     assert all(e.startswith("gave up after 3 attempts: ConnectError") for e in out.error), out.error
 
 
+def test_a_server_moves_off_a_taken_port_and_restarts_on_its_own(gguf, tmp_path):
+    # A port found free is not reserved: another process may bind it first. The first start
+    # moves to a fresh port; a restart keeps the port clients hold, waiting until it is free.
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", free_port()))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        server = LlamaServer(gguf, taken, tmp_path / "moved")
+        try:
+            server.start()
+            assert server.port != taken and server.lost_binds == 1
+            moved = server.port
+            server.kill()
+            blocker = socket.socket()
+            blocker.bind(("127.0.0.1", moved))
+            blocker.listen()
+            threading.Timer(2.0, blocker.close).start()  # held for 2 s after the crash
+            server.start()
+            assert server.port == moved and server.lost_binds == 1  # waited instead of losing the bind
+            assert httpx.get(f"{server.base_url}/models", timeout=10).status_code == 200
+        finally:
+            server.stop()
+
+
 def test_requests_wait_for_a_server_that_is_starting(gguf, tmp_path):
     server = LlamaServer(gguf, free_port(), tmp_path / "late")
     engine = engine_for(server.base_url, backoff_s=0.5, max_backoff_s=4, max_attempts=30)
-    starter = threading.Timer(1.0, server.start, kwargs={"wait": False})
+    # The engine holds the address already: the server must come up on that port.
+    starter = threading.Timer(1.0, server.start, kwargs={"keep_port": True})
     starter.start()
     try:
         out = engine.generate(batch(4))
@@ -126,6 +153,7 @@ def test_a_round_survives_the_server_being_killed_and_restarted(gguf, tmp_path, 
     n = 24
     server = LlamaServer(gguf, free_port(), tmp_path / "server")
     server.start()
+    port = server.port
     config = {
         "name": "openai-outage", "seed": 11,
         "population": {"spec": "education.yaml", "size": n},
@@ -144,7 +172,8 @@ def test_a_round_survives_the_server_being_killed_and_restarted(gguf, tmp_path, 
         server.kill()  # SIGKILL mid-round: in-flight requests die with their connections
         outage["served_before_kill"] = server.completions_served()
         time.sleep(2)
-        server.start(wait=False)  # same port; clients keep retrying while it loads
+        server.start()  # same port (waiting for it to be free); clients keep retrying while it loads
+        outage["restarted"] = server.port
 
     killer = threading.Thread(target=kill_and_restart, daemon=True)
     killer.start()
@@ -155,6 +184,7 @@ def test_a_round_survives_the_server_being_killed_and_restarted(gguf, tmp_path, 
         killer.join(timeout=600)
         server.stop()
     assert 5 <= outage["served_before_kill"] < n  # the outage really happened mid-round
+    assert outage["restarted"] == port  # back at the address the clients hold
     assert server.starts == 2 and server.completions_served(2) >= n - outage["served_before_kill"]
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("select count(*), count(distinct agent_id), count(*) filter (valid), max(attempts), "

@@ -1,0 +1,28 @@
+"""Running a shipped benchmark as users do (a subprocess from the repository root) and reading
+the figures it prints."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+NUMBER = r"[\d,]+(?:\.\d+)?"
+
+
+def run_benchmark(script: str, *args: str, timeout: float = 600, env: dict[str, str] | None = None) -> str:
+    """``python benchmarks/<script> args…``; fails with its output unless it exits 0; its stdout."""
+    result = subprocess.run([sys.executable, f"benchmarks/{script}", *args], cwd=REPO, env=env or dict(os.environ),
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def figures(pattern: str, text: str) -> list[float]:
+    """The numbers captured by ``pattern``'s groups in the first line that matches it."""
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, f"no line matches {pattern!r} in:\n{text}"
+    return [float(g.replace(",", "")) for g in match.groups()]

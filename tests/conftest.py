@@ -68,6 +68,18 @@ def quickstart(tmp_path_factory, prefect_api, local_ray) -> tuple[Path, dict]:
     return path, summary
 
 
+@pytest.fixture(scope="session")
+def session_cli(prefect_api, local_ray) -> tuple[dict[str, str], str]:
+    """For a ``keynes run`` subprocess that is not about start-up itself: an environment that
+    points it at the session's Prefect API, and the session's Ray address (for
+    ``workers.ray_address``), so that it starts neither."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PREFECT_API_URL=PREFECT_API_URL.value(), PREFECT_LOGGING_LEVEL="WARNING", RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
+    return env, local_ray.get_runtime_context().gcs_address
+
+
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     """A fresh DuckDB file path."""

@@ -22,21 +22,27 @@ def keynes_run(config, tmp_path, *args: str, startup_timeout: int = 180) -> subp
                           capture_output=True, text=True, timeout=600)
 
 
+def keynes_run_in_session(config, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.slow
-def test_a_complete_continue_experiment_says_so_in_the_terminal(tmp_path):
+def test_a_complete_continue_experiment_says_so_in_the_terminal(tmp_path, session_cli):
+    env, ray_address = session_cli  # what is said is the point, not start-up: the session's Prefect and Ray
     config = tmp_path / "once.yaml"
     config.write_text(yaml.safe_dump({
         "name": "once", "seed": 1, "population": {"size": 10}, "game": {"rounds": 1},
-        "workers": {"actors": 1, "shard_size": 10}, "report": {"enabled": False}, "continue": True,
-        "db": str(tmp_path / "once.duckdb"),
+        "workers": {"actors": 1, "shard_size": 10, "ray_address": ray_address}, "report": {"enabled": False},
+        "continue": True, "db": str(tmp_path / "once.duckdb"),
     }))
-    first = keynes_run(config, tmp_path)
+    first = keynes_run_in_session(config, env)
     assert first.returncode == 0 and "done: 1 round(s) played, 10 guesses written" in first.stderr, first.stderr
-    again = keynes_run(config, tmp_path)
+    again = keynes_run_in_session(config, env)
     assert again.returncode == 0, again.stderr
     assert "is complete: all 1 round(s) of 1 arm(s) are in" in again.stderr and "nothing to play" in again.stderr
     assert "0 round(s) played" not in again.stderr
-    bad = keynes_run(config, tmp_path, "--set", "population.size=-3")
+    bad = keynes_run_in_session(config, env, "--set", "population.size=-3")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == ["error: population.size: -3: input should be greater than 0"]
 

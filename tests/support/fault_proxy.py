@@ -1,8 +1,9 @@
 """A fault-injecting HTTP proxy on 127.0.0.1 in front of a real OpenAI-compatible server.
 
 Request by request, a schedule decides what happens: pass it through, answer HTTP 429 or
-500 itself, hold it past the client's timeout, reset the connection, or pass it through and
-rewrite the model's answer into given (malformed) text. Plain asyncio streams, no framework.
+500 itself, never answer (the client's timeout fires, however fast the server is), delay it,
+reset the connection, or pass it through and rewrite the model's answer into given
+(malformed) text. Plain asyncio streams, no framework.
 Run alone: ``python -m tests.support.fault_proxy UPSTREAM_PORT PORT 429 pass reset ...``.
 """
 
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 #: What a schedule may say: "pass", "429", "500" (any 4xx/5xx), "retry-after:SECONDS" (a 429 with that
-#: Retry-After header), "delay:SECONDS", "reset", "rewrite:TEXT".
+#: Retry-After header), "stall" (hold the request, unanswered and never sent upstream, until the client
+#: closes the connection), "delay:SECONDS" (wait, then pass it through), "reset", "rewrite:TEXT".
 Action = str
 Schedule = Callable[[int, dict], Action]
 
@@ -126,6 +128,9 @@ class FaultProxy:
                     message = {"error": {"message": "injected rate limit", "type": "rate_limit", "code": 429}}
                     await _respond(writer, 429, json.dumps(message).encode(), {"Retry-After": action.split(":", 1)[1]})
                     continue
+                if action == "stall":
+                    await reader.read()  # until the client gives up and closes (EOF or reset)
+                    return
                 if action.startswith("delay:"):
                     await asyncio.sleep(float(action.split(":", 1)[1]))
                 status, response = await self._forward(method, path, headers, body)

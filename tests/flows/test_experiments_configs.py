@@ -1,96 +1,151 @@
 """Every config in experiments/ runs at a tiny size through the real flow.
 
-Each config runs with ``--set``-style overrides: 5 agents, at most 2 rounds, one actor,
-8 reasoning tokens. Engines are replaced so that the suite runs on a CPU laptop:
+Each config runs through the ``experiment`` flow on the session's real Prefect API
+(``prefect_api``) and real local Ray (``local_ray``), into a fresh DuckDB file, with
+``--set``-style overrides: 5 agents, one actor, at most 2 rounds per game, 8 reasoning
+tokens. What plays, per kind of config:
 
-- an LLM engine (llamacpp, vllm, openai) becomes the default llamacpp engine — the real
-  Gemma 3 270M — because what these configs test is LLM agents playing the game;
-- in a ``mixture``, the first LLM component becomes llamacpp Gemma and the others become
-  simulated behavioural rules (cognitive_hierarchy, uniform): the point there is several
-  engines in one game, not three LLMs, and three Gemma actors would triple the cost;
-- simulated engines (behavioural baselines) are kept as they are;
-- engines that become the same CPU engine are kept once: the five vLLM models of
-  ``models_prompts`` become one Gemma, since five identical arms would test nothing more;
-- LLM-written backstories (``population.backstories``) are written by Gemma, 16 tokens each.
+- ``quickstart.yaml`` plays on the engine it names, the real Gemma 3 270M on llama.cpp:
+  the LLM is its point.
+- ``models.yaml`` plays on the engines it names: Gemma 3 270M and SmolLM2 135M Instruct on
+  llama.cpp, alone and in their mixture; both models must be in the stored guesses.
+- Every other config is checked for its wiring (arms, prompt modes, games, rounds,
+  groups, mixtures, backstories, what is stored): each LLM engine it names becomes a
+  stand-in, the ``simulated`` engine's ``cognitive_hierarchy`` rule with noise (a
+  behavioural rule, not an LLM, labelled ``simulated/…`` in every row). Each distinct
+  engine block gets its own τ, so every arm and mixture component keeps its own,
+  recognisable engine, and the config keeps all its arms. The stand-in's answers go
+  through the same answer parser as a model's (its valid path only) and it writes the
+  reasoning phase's free text as labelled placeholders. Why: these configs name vLLM
+  models of 7–70 B parameters on GPUs; what they add over the quickstart is their shape,
+  not another run of Gemma. Where the LLM engines of those configs run for real:
+  ``vllm_cpu.yaml`` plays on real vLLM on CPU in tests/engines/test_vllm.py;
+  ``vllm_gpu.yaml`` and the paper's models need NVIDIA GPUs, which this machine and CI do
+  not have (tests/gpu/ plays vLLM on a GPU where there is one);
+  tests/flows/test_shipped_configs.py validates every engine block as shipped.
+- Simulated engines that a config names itself (``paper/baselines.yaml``) play as shipped.
+- LLM-written backstories (``population.backstories``, ``paper/education.yaml``) are
+  written by the backstory engine's stand-in: the simulated engine answers a free-text
+  request with a labelled placeholder, which is enough to check that backstories are
+  written, stored and given to the agents.
+
+Each stand-in takes half a CPU, so a mixture's three actors fit the 2-CPU Ray. Report
+pages are built for three shapes only (see ``REPORTED``): the quickstart's page is built
+and opened in Chromium by tests/reports/test_report.py; the other configs run with
+``report.enabled=false``.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 
+import engines
 from flows.experiment import experiment
 from flows.loading import load_config
 from tests.conftest import REPO
 from tests.support.sql import q
 
-pytestmark = [pytest.mark.llm, pytest.mark.slow]
-
 CONFIGS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "experiments").rglob("*.yaml"))
 LLM_KINDS = {"llamacpp", "vllm", "openai"}
-GEMMA = {"kind": "llamacpp"}  # the default model: Gemma 3 270M, from PyPI
-#: Half a CPU each: a mixture's engines play at once, one actor each, and Gemma's takes one of the 2 CPUs.
-STAND_INS = [{"kind": "simulated", "rule": "cognitive_hierarchy", "num_cpus": 0.5}, {"kind": "simulated", "rule": "uniform", "num_cpus": 0.5}]
-SIZE, MAX_ROUNDS = 5, 2
+#: Configs that play on the LLM engines they name (the LLM is their point).
+REAL_LLM = {"experiments/quickstart.yaml", "experiments/models.yaml"}
+#: Configs whose tiny run also builds its report page, one per shape the page shows differently.
+REPORTED = {
+    "experiments/models.yaml": "two real models alone and mixed: per-model comparisons",
+    "experiments/paper/baselines.yaml": "several games (ratios, an offset) played by simulated rules",
+    "experiments/paper/nested_groups.yaml": "groups beside the global game",
+}
+SIZE, MAX_ROUNDS, NOISE = 5, 2, 2.0
 
 
-def tiny(data: dict) -> list[str]:
-    """The overrides that shrink a config to a few agents and CPU engines."""
+def stand_in(index: int) -> dict:
+    """The simulated stand-in for the ``index``-th distinct LLM engine of a config."""
+    return {"kind": "simulated", "rule": "cognitive_hierarchy", "tau": 1.0 + 0.5 * index, "noise": NOISE, "num_cpus": 0.5}
+
+
+def plan(config: str) -> tuple[list[str], list[dict], dict | None]:
+    """The tiny run of a config: its overrides, the engines its arms play on (as written
+    into the overrides, or as shipped), and the engine that writes backstories (or None)."""
+    data = yaml.safe_load((REPO / config).read_text())
+    arms = data.get("arms", {})
     overrides = [
         f"population.size={SIZE}", "workers.actors=1", f"workers.shard_size={SIZE}", "workers.ray_address=null",
         "arms.max_reasoning_tokens=8", f"game.rounds={min(data.get('game', {}).get('rounds', 1), MAX_ROUNDS)}",
+        f"report.enabled={'true' if config in REPORTED else 'false'}",
     ]
-    arms = data.get("arms", {})
     for i, game in enumerate(arms.get("games", [])):
         if game.get("rounds", 1) > MAX_ROUNDS:
             overrides.append(f"arms.games.{i}.rounds={MAX_ROUNDS}")
-    if "engines" in arms:
-        engines = list({json.dumps(e, sort_keys=True): e for e in map(_cpu_engine, arms["engines"])}.values())
-        overrides.append("arms.engines=" + json.dumps(engines))
+    shipped = arms.get("engines", [{"kind": "simulated"}])
     backstories = data.get("population", {}).get("backstories", {})
-    if backstories.get("enabled"):  # LLM-written backstories: Gemma writes short ones
-        overrides += ["population.backstories.engine=" + json.dumps(_cpu_engine(backstories.get("engine", GEMMA))),
-                      "population.backstories.max_tokens=16"]
-    return overrides
+    writer = backstories.get("engine", {"kind": "llamacpp"}) if backstories.get("enabled") else None
+    if config in REAL_LLM:
+        return overrides, shipped, writer
+    stand_ins: dict[str, dict] = {}
+
+    def replace(engine: dict) -> dict:
+        if engine.get("kind") == "mixture":
+            return {**engine, "components": [{**c, "engine": replace(c["engine"])} for c in engine["components"]]}
+        if engine.get("kind") not in LLM_KINDS:
+            return engine
+        return stand_ins.setdefault(json.dumps(engine, sort_keys=True), stand_in(len(stand_ins)))
+
+    played = [replace(e) for e in shipped]
+    if played != shipped:
+        overrides.append("arms.engines=" + json.dumps(played))
+    if writer is not None:
+        writer = replace(writer)
+        overrides += ["population.backstories.engine=" + json.dumps(writer), "population.backstories.max_tokens=16"]
+    return overrides, played, writer
 
 
-def _cpu_engine(engine: dict) -> dict:
+def leaves(engine: dict) -> set[tuple[str, str]]:
+    """The (engine, model) labels an engine block's rows carry: a mixture's are its components'."""
     if engine.get("kind") == "mixture":
-        components, stand_ins, gemma_used = [], iter(STAND_INS * 4), False
-        for c in engine["components"]:
-            inner = c["engine"]
-            if inner.get("kind") in LLM_KINDS:
-                inner = next(stand_ins) if gemma_used else GEMMA
-                gemma_used = True
-            components.append({**c, "engine": inner})
-        return {**engine, "components": components}
-    return GEMMA if engine.get("kind") in LLM_KINDS else engine
-
+        return set().union(*(leaves(c["engine"]) for c in engine["components"]))
+    spec = engines.parse_spec(engine)
+    return {(spec.kind, spec.model_name)}
 
 
 def test_configs_are_found():
-    assert "experiments/quickstart.yaml" in CONFIGS
+    assert REAL_LLM | set(REPORTED) <= set(CONFIGS)
     assert len([c for c in CONFIGS if c.startswith("experiments/paper/")]) >= 10
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+def test_every_llm_engine_of_a_wiring_config_gets_its_own_stand_in():
+    _, played, writer = plan("experiments/paper/mixture.yaml")
+    assert [c["engine"]["tau"] for c in played[0]["components"]] == [1.0, 1.5, 2.0]
+    _, played, writer = plan("experiments/paper/education.yaml")
+    assert writer == played[0] == stand_in(0)  # the same Qwen writes backstories and plays
+    _, played, _ = plan("experiments/paper/baselines.yaml")
+    assert played == yaml.safe_load((REPO / "experiments/paper/baselines.yaml").read_text())["arms"]["engines"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config", [pytest.param(c, marks=pytest.mark.llm) if c in REAL_LLM else c for c in CONFIGS]
+)
 def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray):
     source = REPO / config
-    overrides = tiny(yaml.safe_load(source.read_text()))
+    overrides, played, writer = plan(config)
     cfg = load_config(source, overrides)
     arms = cfg.arms_list()
     db = tmp_path / "tiny.duckdb"
 
     summary = experiment(str(source), overrides, db=str(db))
 
+    # The stand-ins keep the config's arms: every engine × prompt × temperature × game.
+    assert len(arms) == len(load_config(source).arms_list())
     rounds = sum(a.rule.rounds for a in arms)
     assert summary["rows_written"] == SIZE * rounds
     assert q(db, "select count(*), count(distinct (run_id, round, agent_id)) from guesses") == [(SIZE * rounds, SIZE * rounds)]
     assert q(db, "select count(*) from runs where status = 'completed'") == [(len(arms),)]
     assert q(db, "select count(*) from rounds") == [(rounds,)]
-    # Every stored guess is in bounds or flagged, with the model's text kept.
+    # Every stored guess is in bounds or flagged, with the engine's text kept.
     assert q(db, "select count(*) from guesses g join runs r using (run_id) where g.valid and (g.guess < r.low or g.guess > r.high)") == [(0,)]
     assert q(db, "select count(*) from guesses where not valid and error is null") == [(0,)]
     # Each run records its game and the equilibrium offset / (1 − ratio), clamped.
@@ -99,18 +154,32 @@ def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray):
         ratio = rule.fraction
         expected = rule.high if ratio >= 1 else min(max(rule.offset / float(1 - ratio), rule.low), rule.high)
         assert q(db, f"select ratio, \"offset\", equilibrium from runs where run_id = '{arm.run_id}'") == [(rule.ratio, rule.offset, pytest.approx(expected))]
+        # Modes that reason store a reasoning for every guess; the others none.
+        assert q(db, f"select count(*) filter (where reasoning is not null) from guesses where run_id = '{arm.run_id}'") == [
+            (SIZE * rule.rounds if arm.mode.reasoning else 0,)
+        ]
     # Targets include the offset and come from the valid guesses.
     bad = q(db, """select count(*) from rounds o join runs r using (run_id)
                    join (select run_id, round, avg(guess) m from guesses where valid group by all) g using (run_id, round)
                    where abs(o.target - least(greatest(r.ratio_value * g.m + r."offset", r.low), r.high)) > 1e-9""")
     assert bad == [(0,)]
-    # Engines are what the test put there: Gemma on llama.cpp or labelled simulated rules.
-    kinds = {k for (k,) in q(db, "select distinct engine from guesses")}
-    assert kinds <= {"llamacpp", "simulated"} and kinds
-    if "simulated" in kinds:
-        assert all(m.startswith("simulated/") for (m,) in q(db, "select distinct model from guesses where engine = 'simulated'"))
+    # The rows carry exactly the engines and models this test put there (or the shipped
+    # ones), each run its own engine's: a stand-in that did not apply fails here.
+    assert set(q(db, "select distinct engine, model from guesses")) == set().union(*map(leaves, played))
+    per_run = {}
+    for run_id, engine, model in q(db, "select distinct run_id, engine, model from guesses"):
+        per_run.setdefault(run_id, set()).add((engine, model))
+    assert per_run == {a.run_id: leaves(a.engine.model_dump(mode="json")) for a in arms}
+    if config == "experiments/models.yaml":
+        (mixture,) = [a.run_id for a in arms if a.engine.kind == "mixture" and a.prompt_mode == "basic"]
+        assert per_run[mixture] == {("llamacpp", "gemma-3-270m"), ("llamacpp", "smollm2-135m-instruct")}
+    if writer is not None:
+        (label,) = leaves(writer)
+        assert q(db, "select engine, model, count(*) from backstories group by all") == [(*label, SIZE)]
+        assert q(db, "select count(*) from personas where background like '%(simulated text #%'") == [(SIZE,)]
     if cfg.groups is not None:
         n_groups = q(db, "select count(distinct group_name) from group_members")[0][0]
+        assert n_groups > 1
         assert q(db, "select count(*) from group_rounds") == [(rounds * n_groups,)]
         # each group's target from its own members only
         assert q(db, """select count(*) from group_rounds o join runs r using (run_id)
@@ -118,3 +187,8 @@ def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray):
                               join group_members m using (agent_id) where g.valid group by all) x
                           using (run_id, round, group_name)
                         where abs(o.target - least(greatest(r.ratio_value * x.mean + r."offset", r.low), r.high)) > 1e-9""") == [(0,)]
+    if config in REPORTED:
+        assert summary["report"] == str(db.with_name(f"{cfg.name}-report.html"))
+        assert Path(summary["report"]).stat().st_size > 100_000
+    else:
+        assert summary["report"] is None

@@ -1,5 +1,6 @@
 """Every config in experiments/ validates exactly as shipped: engine blocks (vLLM on a GPU
-included) are checked here, since the tiny-size runs replace them with CPU engines."""
+included) are checked here, since the tiny-size runs (test_experiments_configs.py) play
+every config but the quickstart and models.yaml on simulated stand-ins."""
 
 from __future__ import annotations
 

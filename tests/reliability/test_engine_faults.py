@@ -49,8 +49,9 @@ def openai_spec(base_url: str, **settings) -> dict:
 
 def test_each_fault_is_retried_with_exponential_backoff(server):
     # The timeout fires because the proxy never answers ("stall"), not because the server is
-    # slow; the one real request goes to an otherwise idle server (nothing abandoned is ever
-    # forwarded to it) and has 10 s, far more than one 8-token answer takes on a loaded machine.
+    # slow: nothing the client abandoned is forwarded to the server. The real request has 10 s;
+    # one 8-token answer takes well under 1 s, but on a 2-core machine at load 16 it once took
+    # longer, so a real attempt that times out is allowed to be retried (never an injected one).
     backoff, timeout = 0.4, 10
     faults = ["429", "500", "reset", "stall"]
     with FaultProxy(server.port, first(*faults)) as proxy:
@@ -62,10 +63,10 @@ def test_each_fault_is_retried_with_exponential_backoff(server):
             engine.close()
         events = list(proxy.events)
     assert out.error == [None] and re.fullmatch(number_regex(0, 100), out.text[0]), (out.text, out.error)
-    # One request, five attempts: 429, 500, reset, timeout, then the real answer.
-    assert [e.action for e in events] == faults + ["pass"]
-    assert [e.status for e in events] == [429, 500, None, None, 200]
-    assert out.attempts[0] == len(events) == 5
+    # One request: 429, 500, reset, timeout, then the real answer (usually at the fifth attempt).
+    assert [e.action for e in events] == faults + ["pass"] * (len(events) - 4) and len(events) >= 5
+    assert [e.status for e in events] == [429, 500, None, None] + [None] * (len(events) - 5) + [200]
+    assert out.attempts[0] == len(events)
     # Waits double (with jitter in [0.5, 1]): attempt k waits at least backoff × 2^(k-1) / 2.
     gaps = [b.at - a.at for a, b in zip(events, events[1:])]
     for k, gap in enumerate(gaps[:3]):

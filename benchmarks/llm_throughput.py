@@ -89,10 +89,10 @@ def bench_llamacpp(work: Workload, repeat: int) -> list[Timing]:
     from llama_cpp import Llama, LlamaGrammar
 
     from engines.llamacpp import LlamaCppEngine, LlamaCppSpec
-    from engines.models import resolve
+    from engines.models import gguf_path
     from prompts.answers import number_gbnf
 
-    path = str(resolve("gemma-3-270m"))
+    path = str(gguf_path("gemma-3-270m"))
     llm = Llama(model_path=path, n_ctx=2048, n_threads=work.threads, n_threads_batch=work.threads, seed=0, verbose=False)
     grammar = LlamaGrammar.from_string(number_gbnf(CONSTRAINT.low, CONSTRAINT.high, CONSTRAINT.integer), verbose=False)
 

@@ -1,0 +1,59 @@
+"""benchmarks/shared_context.py at a few agents, every section: (a) and (c) in the benchmark's
+process on Gemma 3 270M (llama.cpp), (b) and (d) through ``keynes run`` (its own local Ray; the
+session's Prefect API, so no run pays a Prefect start)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from tests.benchmarks.smoke import NUMBER, figures, ratio_of_printed, run_benchmark
+
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
+
+ROW = rf"\s+(\d+) answers\s+({NUMBER}) s\s+({NUMBER}) answers/s\s+({NUMBER}) ms CPU/answer"
+
+
+def rows(out: str, label: str) -> tuple[float, ...]:
+    answers, wall, rate, cpu = figures(re.escape(label) + ROW, out)
+    assert wall > 0 and cpu > 0, out
+    assert rate == pytest.approx(answers / wall, abs=0.05 + 0.01 * answers / wall)  # printed to 0.1
+    return answers, wall
+
+
+def test_sections_a_and_c_print_both_paths_and_their_ratios():
+    out = run_benchmark("shared_context.py", "--sections", "a,c", "--agents", "4", "--per-agent", "2",
+                        "--cot-agents", "2", "--threads", "1", timeout=900)
+    a, c = out.split("(a) round 1")[1].split("(c) chain of thought")
+    assert rows(a, "per-agent path")[0] == 2 and rows(a, "shared-context path")[0] == 4
+    (ratio,) = figures(rf"ratio shared / per-agent: ({NUMBER})x answers/s", a)
+    (_, w1), (_, w2) = rows(a, "per-agent path"), rows(a, "shared-context path")
+    # (4 / w2) / (2 / w1), from walls printed to 0.1 s; the ratio has 2 decimals below 10, none above.
+    half = 0.005 if ratio < 10 else 0.5
+    assert ratio > 0 and 2 * (w1 - 0.05) / (w2 + 0.05) - half <= ratio <= 2 * (w1 + 0.05) / max(w2 - 0.05, 1e-9) + half, a
+    for label in ("per-agent path", "shared, sequences 8 (default)", "shared, sequences 32"):
+        assert rows(c, label)[0] == 2
+    eight, thirty_two = figures(rf"ratio: ({NUMBER})x decisions/s \(sequences 8\), ({NUMBER})x \(sequences 32\)", c)
+    assert eight > 0 and thirty_two > 0
+
+
+def test_sections_b_and_d_run_keynes_and_store_every_guess(prefect_api):
+    from prefect.settings import PREFECT_API_URL
+
+    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value())
+    env.pop("RAY_ADDRESS", None)  # each run starts its own local Ray, as a user's does
+    out = run_benchmark("shared_context.py", "--sections", "b,d", "--agents", "4", "--per-agent", "2", timeout=900, env=env)
+    b, d = out.split("(b) 3 rounds")[1].split("(d) round 1")
+    # (b) 3 rounds of 2 agents per agent, then 3 rounds of 4 agents shared; (d) 1 round of 4.
+    stored = [tuple(map(int, g)) for g in re.findall(r"guesses stored: (\d+) \((\d+) valid\)", b)]
+    assert stored == [(6, 6), (12, 12)], b
+    w1, r1, c1, w2, r2, c2, ratio = figures(
+        rf"per-agent 6 decisions ({NUMBER}) s = ({NUMBER})/s \(({NUMBER}) CPU s\); "
+        rf"shared 12 decisions ({NUMBER}) s = ({NUMBER})/s \(({NUMBER}) CPU s\); ratio ({NUMBER})x", b)
+    assert min(w1, r1, c1, w2, r2, c2, ratio) > 0, b
+    assert ratio_of_printed(ratio, r2, r1, half_step=0.05), b  # rates printed to 0.01, the ratio to 0.1
+    assert re.search(r"guesses stored: 4 \(4 valid\)", d), d
+    wall, rate, peak, cpu = figures(rf"wall ({NUMBER}) s, ({NUMBER}) decisions/s, peak memory ({NUMBER}) GiB \(every process\), ({NUMBER}) CPU s", d)
+    assert wall > 0 and peak > 0 and cpu > 0 and rate == pytest.approx(4 / wall, abs=0.5), d

@@ -26,3 +26,11 @@ def figures(pattern: str, text: str) -> list[float]:
     match = re.search(pattern, text, re.MULTILINE)
     assert match, f"no line matches {pattern!r} in:\n{text}"
     return [float(g.replace(",", "")) for g in match.groups()]
+
+
+def ratio_of_printed(ratio: float, top: float, bottom: float, half_step: float = 0.005) -> bool:
+    """Whether a printed ratio is ``top / bottom`` of two printed figures, each rounded to the
+    same ``half_step`` (0.005: two decimals) as the ratio."""
+    low = (top - half_step) / (bottom + half_step) - half_step
+    high = (top + half_step) / max(bottom - half_step, 1e-9) + half_step
+    return low <= ratio <= high

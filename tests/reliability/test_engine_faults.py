@@ -65,7 +65,8 @@ def test_each_fault_is_retried_with_exponential_backoff(server):
     assert out.error == [None] and re.fullmatch(number_regex(0, 100), out.text[0]), (out.text, out.error)
     # One request: 429, 500, reset, timeout, then the real answer (usually at the fifth attempt).
     assert [e.action for e in events] == faults + ["pass"] * (len(events) - 4) and len(events) >= 5
-    assert [e.status for e in events] == [429, 500, None, None] + [None] * (len(events) - 5) + [200]
+    # (A real attempt that timed out may still show 200: the answer was sent after the client left.)
+    assert [e.status for e in events[:4]] == [429, 500, None, None] and events[-1].status == 200
     assert out.attempts[0] == len(events)
     # Waits double (with jitter in [0.5, 1]): attempt k waits at least backoff × 2^(k-1) / 2.
     gaps = [b.at - a.at for a, b in zip(events, events[1:])]

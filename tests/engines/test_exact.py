@@ -1,21 +1,27 @@
-"""Shared-context answers on the real Gemma 3 270M: exact distributions, checked three ways.
+"""Shared-context answers on the real SmolLM2 135M Instruct, in its chat format: exact
+distributions, checked three ways.
 
 (1) each distribution sums to 1; (2) each answer's probability equals an independent
 computation (every token path spelling it, evaluated directly, masked and renormalised step by
-step); (3) draws from the shared path and from the per-agent path (llama.cpp's own sampler)
-are the same distribution by a chi-square test, which does reject a changed temperature.
+step); (3) draws from the shared path and from the per-agent path (llama.cpp's own sampler and
+grammar, drawn afresh on every run) are the same distribution by a chi-square test, whose power
+is computed from the exact distributions and asserted, and which rejects a changed temperature.
+
+SmolLM2 stands in for Gemma here because the per-agent path's cost is the point of (3): its
+vocabulary is 49k tokens against Gemma's 262k, and a per-agent draw costs about a quarter of
+Gemma's (measured side by side: 150 against 585 ms of CPU per draw on a loaded machine).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from scipy.optimize import brentq
+from scipy.stats import chi2, ncx2
 
 from core.game import GameRule
 from core.seeds import agent_seeds
@@ -23,20 +29,25 @@ from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from engines.exact import Chain, answer_language
 from engines.llamacpp_shared import SharedContext, answer_vocab
 from prompts.answers import number_regex
+from prompts.chat import split_cues
 from prompts.context import game_context
 from prompts.render import render
 
 pytestmark = pytest.mark.llm
 
+MODEL = "smollm2-135m-instruct"
 EDUCATION = ["Elementary School", "High School", "Bachelor's Degree", "Master's Degree", "Ph.D."]
-#: A short prompt: the per-agent path re-evaluates one token of it per agent (KV prefix).
-SHORT = "Pick a number from 0 to 100. My number is:"
+#: A short prompt: the per-agent path re-evaluates one token of it per agent (KV prefix). Its
+#: last line opens the assistant's turn, as every game prompt's cue does (``split_cues``).
+SHORT = "Pick a number from 0 to 100.\nMy number is:"
 CONSTRAINT = Constraint(0, 100, True)
+ALPHA = 0.001
 
 
 @pytest.fixture(scope="module")
-def engine(gguf):
-    engine = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1}))
+def engine():
+    engine = build_engine(parse_spec({"kind": "llamacpp", "model": MODEL, "num_cpus": 1}))
+    assert engine.prompt_format == "chat"
     yield engine
     engine.close()
 
@@ -50,9 +61,14 @@ def seeds(n: int, label: str) -> np.ndarray:
     return (agent_seeds(7, np.arange(n), label) & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
+def chat_batch(prompts: list[str], label: str, sampling: Sampling) -> RequestBatch:
+    """Game prompts as the actor sends them to a chat model: the cue line opens the assistant's turn."""
+    users, openings = split_cues(prompts)
+    return RequestBatch(np.arange(len(prompts)), users, seeds(len(prompts), label), sampling, CONSTRAINT, opening=openings)
+
+
 def shared_distribution(engine, prompt: str, sampling: Sampling) -> dict[str, float]:
-    out = engine.generate(RequestBatch(np.arange(1), [prompt], seeds(1, "d"), sampling, CONSTRAINT))
-    frame = out.distributions
+    frame = engine.generate(chat_batch([prompt], "d", sampling)).distributions
     return dict(zip(frame["answer"], frame["probability"]))
 
 
@@ -62,7 +78,7 @@ def shared_distribution(engine, prompt: str, sampling: Sampling) -> dict[str, fl
     ids=["t0.7", "t1-top_p0.8", "greedy", "t1.5"],
 )
 def test_distributions_sum_to_one(engine, sampling):
-    out = engine.generate(RequestBatch(np.arange(10), quickstart_prompts() * 2, seeds(10, "s"), sampling, CONSTRAINT))
+    out = engine.generate(chat_batch(quickstart_prompts() * 2, "s", sampling))
     sums = out.distributions.group_by("context").agg(pl.col("probability").sum(), pl.col("agents").first())
     assert sums.height == 5 and (sums["agents"] == 2).all()
     assert (sums["probability"] - 1).abs().max() < 1e-6
@@ -96,7 +112,8 @@ def test_each_probability_equals_its_token_paths_evaluated_directly(engine):
         pieces.setdefault(piece, []).append(token)
     language = set(answer_language(0, 100))
     prefixes = {s[:i] for s in language for i in range(len(s) + 1)}
-    prompt = SharedContext(llm).prompt_tokens(SHORT)
+    # The chat-rendered prompt writes its own BOS: none is added (as llama.cpp's chat completion).
+    prompt = SharedContext(llm).prompt_tokens(engine.chat_template.render_all(*split_cues([SHORT]))[0], add_bos=False)
     n_vocab = llm.n_vocab()
 
     memo: dict[tuple[int, ...], np.ndarray] = {}
@@ -134,7 +151,9 @@ def test_each_probability_equals_its_token_paths_evaluated_directly(engine):
 
     assert chain == Chain(0.7, 40, 1.0, 0.05, 1.1)
     likely = sorted((a for a in dist if dist[a] > 0), key=dist.get, reverse=True)
-    checked = likely[:6] + ["7", "99"]  # the likeliest and two the chain cuts to zero
+    cut = [a for a in answer_language(0, 100, leading_space=False) if dist.get(a, 0.0) == 0]
+    assert len(likely) >= 6 and len(cut) >= 2
+    checked = likely[:6] + [cut[0], cut[-1]]  # the likeliest and two the chain cuts to zero
     for answer in checked:
         paths = spellings(answer, pieces) + spellings(" " + answer, pieces)
         direct = 0.0
@@ -156,88 +175,83 @@ def chi_square(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
     return float(((counts - expected) ** 2 / expected).sum()), counts.shape[1] - 1
 
 
-def chi2_critical(df: int, alpha: float = 0.001) -> float:
-    """The chi-square quantile 1 - alpha (Wilson–Hilferty; within 1% for df >= 3)."""
-    z = {0.001: 3.0902}[alpha]
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+def binned(p: dict[str, float], m: int, q: dict[str, float], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two exact distributions over the test's categories: answers expected fewer than 10 times
+    in ``m`` draws of ``p`` and ``n`` of ``q`` together are pooled into one (as ``chi_square``
+    pools the observed counts)."""
+    answers = sorted(set(p) | set(q))
+    P, Q = (np.array([d.get(a, 0.0) for a in answers]) for d in (p, q))
+    small = m * P + n * Q < 10
+    P, Q = (np.append(x[~small], x[small].sum()) for x in (P, Q))
+    used = m * P + n * Q > 0
+    return P[used], Q[used]
 
 
-#: Draws per side. The per-agent side costs ~0.1 s per draw on an idle 2-core machine (several
-#: tenths on a loaded one): it is drawn on both cores, and kept (see ``per_agent_reference``).
-#: ``KEYNES_CHI2_PER_AGENT`` changes the count (the test stays valid, with less power below 5,000).
-PER_AGENT_DRAWS = int(os.environ.get("KEYNES_CHI2_PER_AGENT", "5000"))
+def power(p: dict[str, float], m: int, q: dict[str, float], n: int) -> tuple[float, float, int]:
+    """The probability that ``chi_square`` rejects at ``ALPHA`` when ``m`` draws follow ``p`` and
+    ``n`` follow ``q``, with its noncentrality and degrees of freedom.
 
-
-def _per_agent_slice(lo: int, hi: int, m: int, temperature: float) -> list[str]:
-    """Draws ``lo..hi`` of the per-agent sample, in a fresh process: llama.cpp's own sampler."""
-    engine = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1, "shared_context": False}))
-    try:
-        agents = np.arange(lo, hi)
-        batch = RequestBatch(agents, [SHORT] * len(agents), seeds(m, "per-agent")[lo:hi], Sampling(temperature, 8), CONSTRAINT)
-        return list(engine.generate(batch).text)
-    finally:
-        engine.close()
-
-
-def reference_path(gguf, m: int, temperature: float) -> Path:
-    """Where the per-agent reference sample is kept: keyed by the model file, llama-cpp-python,
-    the per-agent path's own code (how a request becomes llama.cpp's sampler and grammar, and
-    the seeds), the prompt, the sampling and the count."""
-    import hashlib
-    import inspect
-    import json
-
-    import llama_cpp
-
-    from core.seeds import agent_seeds
-    from engines.llamacpp import LlamaCppEngine
-    from engines.models import cache_dir
-
-    code = "".join(inspect.getsource(f) for f in (LlamaCppEngine.one_by_one, LlamaCppEngine._complete, LlamaCppEngine._grammar, agent_seeds))
-    key = hashlib.sha256(json.dumps([Path(gguf).name, Path(gguf).stat().st_size, llama_cpp.__version__, hashlib.sha256(code.encode()).hexdigest(),
-                                     SHORT, repr(Sampling(temperature, 8)), repr(CONSTRAINT), m]).encode()).hexdigest()[:16]
-    return cache_dir().parent / "reference-draws" / f"per-agent-{key}.json"
-
-
-def per_agent_reference(gguf, m: int, temperature: float) -> np.ndarray:
-    """``m`` per-agent draws of SHORT (llama.cpp's own sampler), drawn once and kept (``reference_path``).
-
-    The sample costs 10-50 minutes here (llama.cpp masks the 262k-token vocabulary by the grammar
-    at every token); the shared side, the code under test, is computed afresh on every run.
+    The large-sample law of Pearson's statistic under an alternative: noncentral chi-square with
+    noncentrality ``m·n/(m+n) · Σ (p−q)²/π`` (π the pooled distribution).
     """
-    import json
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
+    P, Q = binned(p, m, q, n)
+    pooled = (m * P + n * Q) / (m + n)
+    lam = m * n / (m + n) * float(((P - Q) ** 2 / pooled).sum())
+    df = len(P) - 1
+    return float(ncx2.sf(chi2.isf(ALPHA, df), df, lam)), lam, df
 
-    path = reference_path(gguf, m, temperature)
-    if path.exists():
-        print(f"\nper-agent reference sample: {path} (kept from an earlier run)")
-        return np.array(json.loads(path.read_text()), dtype=object).astype(str)
-    half = m // 2
-    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
-        parts = [pool.submit(_per_agent_slice, lo, hi, m, temperature) for lo, hi in ((0, half), (half, m))]
-        texts = [t for part in parts for t in part.result()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(texts))
-    tmp.replace(path)
-    return np.array(texts, dtype=object).astype(str)
+
+def detectable_tv(p: dict[str, float], m: int, n: int, at_power: float) -> float:
+    """The total-variation distance from ``p`` beyond which every alternative is rejected with at
+    least ``at_power`` (``m`` draws of ``p`` against ``n`` of the alternative).
+
+    For any distribution q over the same categories, Σ (p−q)²/π ≥ 4·TV(p, q)² (Cauchy–Schwarz,
+    π any distribution), so the noncentrality is at least 4·m·n/(m+n)·TV²: the figure solves
+    that for the noncentrality the power needs. It is a worst case over the direction of the
+    change, for changes between categories; moves of mass among the rare answers that share the
+    pooled category are not seen.
+    """
+    P, _ = binned(p, m, p, n)
+    df = len(P) - 1
+    critical = chi2.isf(ALPHA, df)
+    lam = brentq(lambda x: ncx2.sf(critical, df, x) - at_power, 1e-6, 1e4)
+    return math.sqrt(lam / (4 * m * n / (m + n)))
+
+
+#: Draws per side. The per-agent side (llama.cpp's sampler, grammar over the whole vocabulary,
+#: once per agent) is the cost; shared draws are nearly free once the distribution is walked.
+PER_AGENT_DRAWS, SHARED_DRAWS = 1000, 5000
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(7200)
-def test_shared_draws_and_per_agent_draws_are_one_distribution(engine, gguf):
-    """5,000 draws each: the per-agent side runs llama.cpp's sampler (grammar over the 262k-token
-    vocabulary) once per agent — the cost the shared path removes."""
-    n, m = 5000, PER_AGENT_DRAWS
-    sampling = Sampling(0.7, 8)
-    a = per_agent_reference(gguf, m, sampling.temperature)
-    shared = engine.generate(RequestBatch(np.arange(n), [SHORT] * n, seeds(n, "shared"), sampling, CONSTRAINT))
-    hotter = engine.generate(RequestBatch(np.arange(n), [SHORT] * n, seeds(n, "shared"), Sampling(1.0, 8), CONSTRAINT))
-    b, c = (np.array(x.text, dtype=object).astype(str) for x in (shared, hotter))
+def test_shared_draws_and_per_agent_draws_are_one_distribution(engine):
+    """1,000 per-agent draws against 5,000 shared ones, both at T 0.7; then against 5,000 shared
+    draws at T 1.0, which must be rejected. Before any draw, the power of the test against T 1.0
+    is computed from the two exact distributions and must be at least 0.99, so a sample shrunk
+    too far fails here; the total-variation distance detected at this size is printed."""
+    m, n = PER_AGENT_DRAWS, SHARED_DRAWS
+    sampling, hotter = Sampling(0.7, 8), Sampling(1.0, 8)
+    p, q = shared_distribution(engine, SHORT, sampling), shared_distribution(engine, SHORT, hotter)
+    tv = 0.5 * sum(abs(p.get(a, 0.0) - q.get(a, 0.0)) for a in set(p) | set(q))
+    against_hotter, lam, df = power(p, m, q, n)
+    detected = {x: detectable_tv(p, m, n, x) for x in (0.9, 0.99)}
+    print(f"\nexact distributions: TV(T 0.7, T 1.0) = {tv:.3f}; power against T 1.0 at alpha {ALPHA} = {against_hotter:.6f} "
+          f"(noncentrality {lam:.0f}, df {df}); any change of TV >= {detected[0.9]:.3f} is rejected with power >= 0.9, "
+          f">= {detected[0.99]:.3f} with power >= 0.99")
+    assert against_hotter >= 0.99
+
+    per_agent = build_engine(parse_spec({"kind": "llamacpp", "model": MODEL, "num_cpus": 1, "shared_context": False}))
+    try:
+        a = per_agent.generate(chat_batch([SHORT] * m, "per-agent", sampling))
+    finally:
+        per_agent.close()
+    assert a.shared_prompt is None and not any(a.error)  # the per-agent path, every draw answered
+    shared = engine.generate(chat_batch([SHORT] * n, "shared", sampling))
+    hot = engine.generate(chat_batch([SHORT] * n, "shared", hotter))
+    a, b, c = (np.array(x.text, dtype=object).astype(str) for x in (a, shared, hot))
     stat, df = chi_square(a, b)
-    print(f"\n{m} per-agent vs {n} shared draws: chi2 = {stat:.1f}, df = {df}, critical (alpha 0.001) = {chi2_critical(df):.1f}")
-    assert stat < chi2_critical(df)
+    print(f"{m} per-agent vs {n} shared draws (T 0.7): chi2 = {stat:.1f}, df = {df}, critical (alpha {ALPHA}) = {chi2.isf(ALPHA, df):.1f}")
+    assert stat < chi2.isf(ALPHA, df)
     stat, df = chi_square(a, c)
-    print(f"per-agent (T 0.7) vs shared (T 1.0): chi2 = {stat:.1f}, df = {df}, critical = {chi2_critical(df):.1f}")
-    assert stat > chi2_critical(df)
+    print(f"per-agent (T 0.7) vs shared (T 1.0): chi2 = {stat:.1f}, df = {df}, critical = {chi2.isf(ALPHA, df):.1f}")
+    assert stat > chi2.isf(ALPHA, df)

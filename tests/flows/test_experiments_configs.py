@@ -29,13 +29,14 @@ tokens. What plays, per kind of config:
 - LLM-written backstories (``population.backstories``, ``paper/education.yaml``) are
   written by the backstory engine's stand-in: the simulated engine answers a free-text
   request with a labelled placeholder, which is enough to check that backstories are
-  written, stored and given to the agents.
+  written, stored with the engine that wrote them and kept as the personas' backgrounds.
 
-Each stand-in takes half a CPU, so a mixture's three actors fit the 2-CPU Ray. Report
-pages are built for two configs only, one per comparison the page draws besides prompt
-modes (see ``REPORTED``; the page shows nothing of nested groups); the quickstart's page (prompt modes, several rounds) is built and
-opened in Chromium by tests/reports/test_report.py. The other configs run with
-``report.enabled=false``. Prefect's API and Ray are the session's, started once.
+Each stand-in takes half a CPU, so a mixture's three actors fit the 2-CPU Ray. Prefect's
+API and Ray are the session's, started once. Report pages are built for two configs only,
+one per comparison the page draws besides prompt modes (see ``REPORTED``; the page shows
+nothing of nested groups); the quickstart's page (prompt modes, several rounds) is built
+and opened in Chromium by tests/reports/test_report.py. The other configs run with
+``report.enabled=false``.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def plan(config: str) -> tuple[list[str], list[dict], dict | None]:
         overrides.append("arms.engines=" + json.dumps(played))
     if writer is not None:
         writer = replace(writer)
-        overrides += ["population.backstories.engine=" + json.dumps(writer), "population.backstories.max_tokens=16"]
+        overrides.append("population.backstories.engine=" + json.dumps(writer))
     return overrides, played, writer
 
 
@@ -121,7 +122,7 @@ def test_configs_are_found():
 
 
 def test_every_llm_engine_of_a_wiring_config_gets_its_own_stand_in():
-    _, played, writer = plan("experiments/paper/mixture.yaml")
+    _, played, _ = plan("experiments/paper/mixture.yaml")
     assert [c["engine"]["tau"] for c in played[0]["components"]] == [1.0, 1.5, 2.0]
     _, played, writer = plan("experiments/paper/education.yaml")
     assert writer == played[0] == stand_in(0)  # the same Qwen writes backstories and plays

@@ -1,28 +1,32 @@
 """Shared-context answers through the whole flow on the real Gemma 3 270M: stored distributions and
-views, identical guesses whatever the actor count and shard size, one row per agent after a kill."""
+views, identical guesses and reasoning whatever the actor count and shard size, and a round whose
+actor is killed mid-way ending with exactly the rows of an uninterrupted run.
+
+Two flows (one actor playing whole rounds; two actors on shards of 7), each with a basic and a
+chain-of-thought arm on the same actors, serve every test; the killed round replays round 2 of the
+second flow. Model loads: 1 + 2 for the flows, 2 + 1 (the restart) for the killed round.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import threading
-import time
 
+import duckdb
+import polars as pl
 import pytest
 
-from core.arms import Arm
-from core.game import GameRule
-from engines.llamacpp import LlamaCppSpec
 from flows.experiment import experiment
-from populations.sampler import sample
-from populations.spec import load_spec
+from flows.loading import load_config
 from tasks.play import play_round, pool_for, shutdown_pools
 from tests.reliability.test_worker_crash import CountingWarehouse
 from tests.support.sql import q
 
 pytestmark = pytest.mark.llm
 
-N = 40
+N = 20  # 4 agents per education level
+ONE, TWO = (1, 500), (2, 7)  # (actors, shard size): whole rounds on one actor; 3 shards a round on two
 
 
 def config(actors: int, shard_size: int) -> dict:
@@ -31,74 +35,66 @@ def config(actors: int, shard_size: int) -> dict:
         "seed": 5,
         "population": {"spec": "education.yaml", "size": N},
         "game": {"ratio": "2/3", "rounds": 2},
-        # 3 actors × 0.5 CPUs fit the 2-core machine (Ray is told its real CPU count).
-        "arms": {"engines": [{"kind": "llamacpp", "num_cpus": 0.5}], "prompts": ["basic"]},
+        # 2 actors × 0.5 CPUs fit the 2-core machine (Ray is told its real CPU count). The two
+        # modes' arms share the engine, so they play on the same actors one after the other.
+        "arms": {"engines": [{"kind": "llamacpp", "num_cpus": 0.5}], "prompts": ["basic", "cot"], "max_reasoning_tokens": 24},
         "workers": {"actors": actors, "shard_size": shard_size},
+        "report": {"enabled": False},
     }
-
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, prefect_api, local_ray):
     root = tmp_path_factory.mktemp("shared")
     out = {}
-    for actors, shard_size in [(1, 500), (3, 7)]:
+    for actors, shard_size in (ONE, TWO):
         path = root / f"a{actors}-s{shard_size}.duckdb"
-        experiment(config(actors, shard_size), db=str(path))
+        summary = experiment(config(actors, shard_size), db=str(path))
         shutdown_pools()
+        assert summary["complete"] and summary["rows_written"] == 2 * 2 * N
         out[(actors, shard_size)] = path
     return out
 
 
-GUESSES = "select round, agent_id, raw, guess, completion_tokens, prompt_tokens, context from guesses order by round, agent_id"
+ROWS = """select r.prompt_mode, g.round, g.agent_id, g.reasoning, g.raw, g.guess, g.completion_tokens, g.prompt_tokens, g.context
+          from guesses g join runs r using (run_id) order by r.prompt_mode, g.round, g.agent_id"""
 
 
-def cot_config(actors: int, shard_size: int) -> dict:
-    base = config(actors, shard_size)
-    return {**base, "name": "shared-cot", "population": {"spec": "education.yaml", "size": 20}, "game": {"ratio": "2/3", "rounds": 1},
-            "arms": {**base["arms"], "prompts": ["cot"], "max_reasoning_tokens": 24}}
-
-
-def test_chain_of_thought_gives_identical_guesses_with_1_or_3_actors_and_shards_of_500_or_7(tmp_path, prefect_api, local_ray):
-    """Reasoning decoded many agents at a time, each answer in its agent's own KV stream: an
-    agent's text and answer depend on its prompt and seed, not on who shares its batch."""
-    rows = {}
-    for actors, shard_size in [(1, 500), (3, 7)]:
-        path = tmp_path / f"cot-a{actors}-s{shard_size}.duckdb"
-        experiment(cot_config(actors, shard_size), db=str(path))
-        shutdown_pools()
-        rows[actors] = q(path, "select agent_id, reasoning, raw, guess, prompt_tokens, completion_tokens, context from guesses order by agent_id")
-        assert q(path, "select count(*), count(guess), count(context) from guesses")[0] == (20, 20, 20)
-    assert rows[1] == rows[3]
-    assert sum(bool(r[1].strip()) for r in rows[1]) >= 18
-
-
-def test_the_same_config_gives_identical_guesses_with_1_or_3_actors_and_shards_of_500_or_7(runs):
-    one, three = runs[(1, 500)], runs[(3, 7)]
-    a, b = q(one, GUESSES), q(three, GUESSES)
-    assert len(a) == 2 * N and a == b
-    assert q(three, "select count(distinct worker) from shards")[0][0] == 3
-    assert q(one, "select count(*) from shards") == [(2,)] and q(three, "select count(*) from shards") == [(12,)]
+def test_the_same_config_gives_identical_guesses_and_reasoning_with_1_or_2_actors_and_shards_of_500_or_7(runs):
+    """Reasoning is decoded many agents at a time, each in its own KV stream, and every answer is drawn
+    from its own prompt's distribution: an agent's text and answer depend on its prompt and seed, not
+    on who shares its batch, shard or actor."""
+    one, two = q(runs[ONE], ROWS), q(runs[TWO], ROWS)
+    assert len(one) == 2 * 2 * N and one == two
+    cot = [row for row in one if row[0] == "cot"]
+    assert sum(bool(row[3].strip()) for row in cot) >= len(cot) - 2  # the reasoning is there, stored
+    assert q(runs[TWO], "select count(distinct worker) from shards") == [(2,)]
+    # One shard per arm and round on one actor; ceil(20 / 7) = 3 shards per arm and round on two.
+    assert q(runs[ONE], "select count(*) from shards") == [(4,)] and q(runs[TWO], "select count(*) from shards") == [(12,)]
 
 
 def test_every_guess_is_shared_valid_and_counts_its_prompt(runs):
-    path = runs[(3, 7)]
-    assert q(path, "select count(*), count(*) filter (where valid and shared_prompt and context is not null), "
-                   "min(prompt_tokens), min(completion_tokens) from guesses")[0][:2] == (2 * N, 2 * N)
+    path = runs[TWO]
+    assert q(path, "select count(*), count(*) filter (where valid and shared_prompt and context is not null) from guesses") == [(4 * N, 4 * N)]
     assert q(path, "select min(prompt_tokens) > 40, min(completion_tokens) >= 1 from guesses") == [(True, True)]
-    # Round 1: one group per education level; round 2 adds each agent's own first guess.
-    assert q(path, "select count(distinct context) from guesses where round = 1") == [(5,)]
-    assert q(path, "select count(distinct context) >= 5 from guesses where round = 2") == [(True,)]
+    basic = "(select run_id from runs where prompt_mode = 'basic')"
+    # Round 1: one group per education level. Round 2 adds each agent's own first guess to its
+    # prompt: one group per (level, first guess) pair, counted here from the stored guesses.
+    assert q(path, f"select count(distinct context) from guesses where round = 1 and run_id = {basic}") == [(5,)]
+    pairs = q(path, f"""select count(*) from (select distinct p.education, g.guess from guesses g join personas p using (agent_id)
+                                             where g.round = 1 and g.run_id = {basic})""")
+    assert q(path, f"select count(distinct context) from guesses where round = 2 and run_id = {basic}") == pairs
+    assert pairs[0][0] > 5
 
 
 def test_distributions_are_stored_with_their_agents_and_sum_to_one(runs):
-    path = runs[(3, 7)]
-    # Per shard: each group's distribution sums to 1 and counts the shard's agents of that group.
-    bad = q(path, """select count(*) from (select run_id, round, shard, context, sum(probability) as p, any_value(agents) as n
+    path = runs[TWO]
+    # Per shard: each group's distribution sums to 1, and the groups count every agent of the round once.
+    bad = q(path, """select count(*) from (select run_id, round, shard, context, sum(probability) as p
                                            from answer_distributions group by all) where abs(p - 1) > 1e-6""")
     assert bad == [(0,)]
-    assert q(path, """select sum(n) from (select shard, context, any_value(agents) as n from answer_distributions
-                                          where round = 1 group by all)""") == [(N,)]
+    assert q(path, """select distinct n from (select run_id, round, sum(agents) as n from
+                      (select distinct run_id, round, shard, context, agents from answer_distributions) group by all)""") == [(N,)]
     # Every drawn answer has a positive probability in its group's distribution.
     assert q(path, """select count(*) from guesses g left join answer_distributions d
                       on d.run_id = g.run_id and d.round = g.round and d.shard = g.shard and d.context = g.context and d.answer = g.raw
@@ -108,53 +104,91 @@ def test_distributions_are_stored_with_their_agents_and_sum_to_one(runs):
                       from answer_distributions group by all)""") == [(True,)]
 
 
-def test_exact_answers_by_attribute_matches_an_independent_mixture(runs):
-    path = runs[(3, 7)]
-    rows = q(path, """select round, value, agents, expected, entropy_bits, mode, total_probability
-                      from exact_answers_by_attribute where attribute = 'education' order by round, value""")
-    assert len(rows) == 2 * 5 and all(r[2] == N // 5 for r in rows)
-    assert all(abs(r[6] - 1) < 1e-6 and 0 <= r[4] <= 7 for r in rows)
-    # Round 1: every agent of a level shares one prompt, so the mixture is that prompt's distribution.
-    direct = dict(q(path, """select p.education, sum(d.probability * d.value) from exact_answers d
-                             join (select distinct context, p.education from guesses g join personas p using (agent_id)
-                                   where g.round = 1) p using (context)
-                             where d.round = 1 group by all"""))
-    for round_, value, _, expected, _, _, _ in rows:
-        if round_ == 1:
-            assert expected == pytest.approx(direct[value] / 1, rel=1e-9)
+def test_exact_answers_by_attribute_match_an_independent_mixture(runs):
+    """A level's expected answer is the mean, over its agents, of the expected answer of each agent's
+    own prompt. Computed here from the stored tables, for both arms and rounds: in round 2 and in the
+    chain-of-thought arm, agents of one level have different prompts, so the mixture is a real one."""
+    path = runs[TWO]
+    view = q(path, """select prompt_mode, round, value, agents, expected, entropy_bits, total_probability
+                      from exact_answers_by_attribute where attribute = 'education' order by all""")
+    assert len(view) == 2 * 2 * 5 and all(r[3] == N // 5 for r in view)
+    assert all(abs(r[6] - 1) < 1e-6 and 0 <= r[5] <= 7 for r in view)
+    with duckdb.connect(str(path), read_only=True) as con:
+        dists = pl.from_arrow(con.sql("select run_id, shard, context, answer, probability from answer_distributions").to_arrow_table())
+        agents = pl.from_arrow(con.sql("""select r.prompt_mode, g.run_id, g.round, g.context, p.education
+                                          from guesses g join runs r using (run_id) join personas p using (agent_id)""").to_arrow_table())
+    # One shard's copy of each distribution (they agree across shards, tested above).
+    first = dists.filter(pl.col("shard") == pl.col("shard").min().over("run_id", "context"))
+    means = first.group_by("run_id", "context").agg((pl.col("probability") * pl.col("answer").cast(pl.Float64)).sum().alias("mean"))
+    mixture = agents.join(means, on=["run_id", "context"]).group_by("prompt_mode", "round", "education").agg(
+        pl.col("mean").mean(), pl.col("context").n_unique().alias("groups"))
+    want = {(r["prompt_mode"], r["round"], r["education"]): r["mean"] for r in mixture.iter_rows(named=True)}
+    assert len(want) == len(view)
+    for mode, round_, value, _, expected, _, _ in view:
+        assert expected == pytest.approx(want[(mode, round_, value)], rel=1e-9), (mode, round_, value)
+    assert mixture.filter((pl.col("prompt_mode") == "basic") & (pl.col("round") == 2) & (pl.col("groups") > 1)).height > 0
 
 
-def test_a_killed_actor_mid_round_still_ends_with_one_row_per_agent(db, local_ray):
+class KillingWarehouse(CountingWarehouse):
+    """The counting warehouse that SIGKILLs one actor's process when the round's first results
+    arrive, before committing them. The round cannot be over then: the driver has just handed the
+    freed actors the next shards (``run_pools`` submits before it commits), so the victim is playing."""
+
+    def __init__(self, path, victim_pid: int):
+        super().__init__(path)
+        self.victim_pid = victim_pid
+
+    def write_shards(self, shards):
+        if not self.commits:
+            os.kill(self.victim_pid, signal.SIGKILL)
+        return super().write_shards(shards)
+
+
+def test_a_round_whose_actor_is_killed_mid_way_ends_with_the_rows_of_an_uninterrupted_run(runs, tmp_path, local_ray):
+    """Round 2 of the basic arm, where each agent's prompt is its own, replayed in shards of 3 on
+    two actors, one of them killed mid-round: the actor comes back as a new process and plays the
+    lost shards, and the round ends with exactly the rows and distributions the flow stored."""
     import ray
 
-    # Persona prompts with ages: every agent's prompt is distinct, so each shard computes its own.
-    spec = LlamaCppSpec(num_cpus=1)
-    arm = Arm(0, "kill-arm0", spec, "basic", 0.7, GameRule(rounds=1))
-    personas = sample(load_spec("adults.yaml"), 24, seed=3).drop("name", strict=False)
-    warehouse = CountingWarehouse(db)
-    pool = pool_for(spec, 2)
-    victim = pool.actors[0]
-    victim_pid = ray.get(victim.where.remote())["pid"]
-    killed: dict[str, int] = {}
-
-    def kill_after_two_commits() -> None:
-        deadline = time.monotonic() + 600
-        while len(warehouse.commits) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        killed["after"] = len(warehouse.commits)
-        os.kill(victim_pid, signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_after_two_commits)
-    killer.start()
+    reference = runs[TWO]
+    path = tmp_path / "killed.duckdb"
+    shutil.copy(reference, path)
+    cfg = load_config(config(*TWO), [f"db={path}"])
+    arm = next(a for a in cfg.arms_list() if a.prompt_mode == "basic")
+    with duckdb.connect(str(path)) as con:  # round 2 of this arm unplayed again; round 1 stays
+        for table in ("guesses", "shards", "answer_distributions"):
+            con.execute(f"delete from {table} where run_id = ? and round = 2", [arm.run_id])
+    shards = -(-N // 3)
+    pool = pool_for(arm.engine, 2)  # the pool play_round will use: min(2 actors, 7 shards)
     try:
-        played = play_round.fn(arm, 1, 11, personas, warehouse, 2, 3)
+        before = ray.get([a.where.remote() for a in pool.actors])
+        warehouse = KillingWarehouse(path, before[0]["pid"])
+        personas = warehouse.read_personas(cfg.experiment_id)
+        assert personas.height == N
+        played = play_round.fn(arm, 2, cfg.seed, personas, warehouse, 2, 3)
+        after = ray.get([a.where.remote() for a in pool.actors])
     finally:
-        killer.join()
         shutdown_pools()
-    assert killed["after"] < 8, "the round ended before the kill"
-    assert played["written"] == 24
-    assert q(db, "select count(*), count(distinct agent_id), count(*) filter (where valid and shared_prompt) from guesses") == [(24, 24, 24)]
-    assert q(db, "select count(*), sum(n) from shards") == [(8, 24)]
-    # One distribution per group and shard, none doubled by the replayed shard.
-    assert q(db, "select sum(agents) from (select distinct shard, context, agents from answer_distributions)") == [(24,)]
-    assert q(db, "select count(*) from (select shard, context, answer, count(*) c from answer_distributions group by all having c > 1)") == [(0,)]
+
+    # The kill came with the first commit and the round went on after it; the victim is a new
+    # process now (the other actor is not), and that new process committed shards of the round.
+    assert len(warehouse.commits) >= 2 and warehouse.shards_committed == shards
+    assert after[0]["pid"] != before[0]["pid"] and after[1]["pid"] == before[1]["pid"]
+    workers = {w for (w,) in q(path, "select distinct worker from shards where run_id = ? and round = 2", [arm.run_id])}
+    assert after[0]["worker"] in workers
+    # Each shard committed once, with all of its agents: nothing lost, nothing doubled.
+    assert sorted(s for batch, _, _, _ in warehouse.commits for s in batch) == list(range(shards))
+    assert all(new == sent for _, new, sent, _ in warehouse.commits)
+    assert played["written"] == N and played["shards"] == shards
+    assert q(path, "select count(*), sum(n) from shards where run_id = ? and round = 2", [arm.run_id]) == [(shards, N)]
+    # Exactly the uninterrupted round: the same rows, and the same distribution for each group.
+    rows = "select agent_id, raw, guess, valid, shared_prompt, prompt_tokens, completion_tokens, context from guesses where run_id = ? and round = 2 order by agent_id"
+    assert q(path, rows, [arm.run_id]) == q(reference, rows, [arm.run_id])
+    dist = "select context, answer, min(probability), max(probability) from answer_distributions where run_id = ? and round = 2 group by all order by all"
+    killed, uninterrupted = q(path, dist, [arm.run_id]), q(reference, dist, [arm.run_id])
+    assert [r[:2] for r in killed] == [r[:2] for r in uninterrupted]
+    assert all(abs(k[2] - u[2]) < 1e-12 and abs(k[3] - k[2]) < 1e-12 for k, u in zip(killed, uninterrupted))
+    # One distribution per group and shard, none doubled by the replayed shards.
+    assert q(path, "select sum(agents) from (select distinct shard, context, agents from answer_distributions where run_id = ? and round = 2)",
+             [arm.run_id]) == [(N,)]
+    assert q(path, "select count(*) from (select shard, context, answer, count(*) c from answer_distributions group by all having c > 1)") == [(0,)]

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import numpy as np
 import polars as pl
@@ -61,14 +64,14 @@ def seeds(n: int, label: str) -> np.ndarray:
     return (agent_seeds(7, np.arange(n), label) & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
-def chat_batch(prompts: list[str], label: str, sampling: Sampling) -> RequestBatch:
+def chat_batch(prompts: list[str], seed: np.ndarray, sampling: Sampling) -> RequestBatch:
     """Game prompts as the actor sends them to a chat model: the cue line opens the assistant's turn."""
     users, openings = split_cues(prompts)
-    return RequestBatch(np.arange(len(prompts)), users, seeds(len(prompts), label), sampling, CONSTRAINT, opening=openings)
+    return RequestBatch(np.arange(len(prompts)), users, seed, sampling, CONSTRAINT, opening=openings)
 
 
 def shared_distribution(engine, prompt: str, sampling: Sampling) -> dict[str, float]:
-    frame = engine.generate(chat_batch([prompt], "d", sampling)).distributions
+    frame = engine.generate(chat_batch([prompt], seeds(1, "d"), sampling)).distributions
     return dict(zip(frame["answer"], frame["probability"]))
 
 
@@ -78,7 +81,7 @@ def shared_distribution(engine, prompt: str, sampling: Sampling) -> dict[str, fl
     ids=["t0.7", "t1-top_p0.8", "greedy", "t1.5"],
 )
 def test_distributions_sum_to_one(engine, sampling):
-    out = engine.generate(chat_batch(quickstart_prompts() * 2, "s", sampling))
+    out = engine.generate(chat_batch(quickstart_prompts() * 2, seeds(10, "s"), sampling))
     sums = out.distributions.group_by("context").agg(pl.col("probability").sum(), pl.col("agents").first())
     assert sums.height == 5 and (sums["agents"] == 2).all()
     assert (sums["probability"] - 1).abs().max() < 1e-6
@@ -219,8 +222,21 @@ def detectable_tv(p: dict[str, float], m: int, n: int, at_power: float) -> float
 
 
 #: Draws per side. The per-agent side (llama.cpp's sampler, grammar over the whole vocabulary,
-#: once per agent) is the cost; shared draws are nearly free once the distribution is walked.
+#: once per agent) is the cost, drawn on both cores; shared draws are nearly free once the
+#: distribution is walked.
 PER_AGENT_DRAWS, SHARED_DRAWS = 1000, 5000
+
+
+def per_agent_draws(lo: int, hi: int, m: int, sampling: Sampling) -> list[str]:
+    """Draws ``lo..hi`` of ``m`` per-agent draws of SHORT, in a fresh process: an engine with
+    ``shared_context: false`` (llama.cpp's own sampler and grammar, once per agent)."""
+    engine = build_engine(parse_spec({"kind": "llamacpp", "model": MODEL, "num_cpus": 1, "shared_context": False}))
+    try:
+        out = engine.generate(chat_batch([SHORT] * (hi - lo), seeds(m, "per-agent")[lo:hi], sampling))
+    finally:
+        engine.close()
+    assert out.shared_prompt is None and not any(out.error)  # the per-agent path, every draw answered
+    return list(out.text)
 
 
 @pytest.mark.slow
@@ -240,15 +256,14 @@ def test_shared_draws_and_per_agent_draws_are_one_distribution(engine):
           f">= {detected[0.99]:.3f} with power >= 0.99")
     assert against_hotter >= 0.99
 
-    per_agent = build_engine(parse_spec({"kind": "llamacpp", "model": MODEL, "num_cpus": 1, "shared_context": False}))
-    try:
-        a = per_agent.generate(chat_batch([SHORT] * m, "per-agent", sampling))
-    finally:
-        per_agent.close()
-    assert a.shared_prompt is None and not any(a.error)  # the per-agent path, every draw answered
-    shared = engine.generate(chat_batch([SHORT] * n, "shared", sampling))
-    hot = engine.generate(chat_batch([SHORT] * n, "shared", hotter))
-    a, b, c = (np.array(x.text, dtype=object).astype(str) for x in (a, shared, hot))
+    start = time.perf_counter()
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+        parts = [pool.submit(per_agent_draws, lo, hi, m, sampling) for lo, hi in ((0, m // 2), (m // 2, m))]
+        a = [text for part in parts for text in part.result()]
+    print(f"{m} per-agent draws on two cores: {time.perf_counter() - start:.0f} s")
+    shared = engine.generate(chat_batch([SHORT] * n, seeds(n, "shared"), sampling))
+    hot = engine.generate(chat_batch([SHORT] * n, seeds(n, "shared"), hotter))
+    a, b, c = (np.array(x, dtype=object).astype(str) for x in (a, shared.text, hot.text))
     stat, df = chi_square(a, b)
     print(f"{m} per-agent vs {n} shared draws (T 0.7): chi2 = {stat:.1f}, df = {df}, critical (alpha {ALPHA}) = {chi2.isf(ALPHA, df):.1f}")
     assert stat < chi2.isf(ALPHA, df)

@@ -11,6 +11,9 @@ from flows.experiment import experiment
 from tests.conftest import REPO
 from tests.support.sql import q
 
+#: The quick tier's one simulated flow end to end.
+pytestmark = pytest.mark.quick
+
 CONFIG = {
     "name": "spine",
     "seed": 7,

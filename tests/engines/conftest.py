@@ -1,4 +1,5 @@
-"""Fixtures for the engine tests: the real Gemma 3 270M file and a real llama.cpp server."""
+"""Fixtures for the engine tests: the real Gemma 3 270M file, one vLLM engine on it for the
+session, and a real llama.cpp server."""
 
 from __future__ import annotations
 
@@ -21,6 +22,26 @@ def gguf() -> Path:
     from engines.models import gguf_path
 
     return gguf_path("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def gemma_hf() -> Path:
+    """Gemma 3 270M as the Hugging Face folder vLLM loads, converted from the GGUF on first use
+    (cached in the keynes model cache; later sessions find it prepared)."""
+    from engines.convert import prepare
+
+    return prepare("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def vllm_gemma(gemma_hf):
+    """One real vLLM engine (CPU backend) on Gemma 3 270M for the whole session, shared by
+    test_vllm.py and test_vllm_exact.py: max_model_len 512, a 0.5 GiB KV cache."""
+    from engines.vllm import VllmEngine, VllmSpec
+
+    engine = VllmEngine(VllmSpec(model=str(gemma_hf), max_model_len=512, kv_cache_gib=0.5))
+    yield engine
+    engine.close()
 
 
 

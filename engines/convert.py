@@ -8,8 +8,10 @@ gguf) into a bf16 safetensors folder in the model cache. It is cached and idempo
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -94,6 +96,50 @@ def _convert(gguf: Path, out: Path) -> None:
     add_bos_like_gguf(gguf, out)
 
 
+#: GGUF metadata value types: struct format of each scalar, 8 = string, 9 = array.
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def gguf_metadata(gguf: Path, keys: set[str]) -> dict[str, object]:
+    """The scalar or string metadata values named by ``keys``, read from a GGUF file's header
+    (format version 2 or later), skipping arrays such as the vocabulary without decoding them:
+    0.4 s for Gemma here, where ``gguf.GGUFReader`` decodes every field first (57 s for its 262k tokens)."""
+    with open(gguf, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        magic, version, _tensors, count = struct.unpack_from("<4sIQQ", buf, 0)
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"{gguf}: not a GGUF file of version 2 or later")
+        at, found = 24, {}
+
+        def string(at: int) -> tuple[bytes, int]:
+            (n,) = struct.unpack_from("<Q", buf, at)
+            return buf[at + 8:at + 8 + n], at + 8 + n
+
+        def skip(kind: int, at: int) -> int:
+            if kind in _GGUF_SCALARS:
+                return at + struct.calcsize(_GGUF_SCALARS[kind])
+            if kind == 8:
+                return string(at)[1]
+            item, n = struct.unpack_from("<IQ", buf, at)
+            at += 12
+            if item in _GGUF_SCALARS:
+                return at + n * struct.calcsize(_GGUF_SCALARS[item])
+            for _ in range(n):
+                at = skip(item, at)
+            return at
+
+        for _ in range(count):
+            key, at = string(at)
+            (kind,) = struct.unpack_from("<I", buf, at)
+            at += 4
+            name = key.decode()
+            if name in keys and kind in _GGUF_SCALARS:
+                found[name] = struct.unpack_from("<" + _GGUF_SCALARS[kind], buf, at)[0]
+            elif name in keys and kind == 8:
+                found[name] = string(at)[0].decode()
+            at = skip(kind, at)
+        return found
+
+
 def add_bos_like_gguf(gguf: Path, folder: Path) -> bool:
     """Make the folder's tokenizer add the BOS token exactly when the GGUF says llama.cpp adds it.
 
@@ -103,15 +149,13 @@ def add_bos_like_gguf(gguf: Path, folder: Path) -> bool:
     tokenizer's post-processor, which is what adds special tokens. Idempotent; returns whether
     the file changed. The new file is renamed into place, so concurrent callers are safe.
     """
-    from gguf import GGUFReader
-
-    fields = GGUFReader(gguf).fields
-    flag, bos = fields.get("tokenizer.ggml.add_bos_token"), fields.get("tokenizer.ggml.bos_token_id")
-    if flag is None or bos is None or not bool(flag.parts[flag.data[0]][0]):
+    meta = gguf_metadata(gguf, {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id"})
+    flag, bos = meta.get("tokenizer.ggml.add_bos_token"), meta.get("tokenizer.ggml.bos_token_id")
+    if flag is None or bos is None or not flag:
         return False
     path = folder / "tokenizer.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    bos_id = int(bos.parts[bos.data[0]][0])
+    bos_id = int(bos)
     token = next((t["content"] for t in data.get("added_tokens", []) if t["id"] == bos_id), None)
     processor = data.get("post_processor") or {}
     if token is None or any(step.get("SpecialToken", {}).get("id") == token for step in processor.get("single", [])):

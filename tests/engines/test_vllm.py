@@ -72,6 +72,34 @@ def test_cli_prepare_prints_the_folder_and_rejects_unknown_models(model_dir):
     assert len(lines) == 1 and "unknown model 'gemma-9'" in lines[0]
 
 
+def test_a_folder_prepared_before_the_bos_fix_is_fixed_in_place(model_dir, tmp_path):
+    """Gemma's tokenizer adds its BOS as llama.cpp does (the GGUF's ``add_bos_token``, read from
+    its header); a folder without that (prepared by an older keynes) is fixed by the next prepare."""
+    import shutil
+
+    from engines.convert import gguf_metadata, prepare
+    from engines.models import gguf_path
+
+    assert gguf_metadata(gguf_path("gemma-3-270m"), {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id"}) == {
+        "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.bos_token_id": 2}
+    fixed = json.loads((model_dir / "tokenizer.json").read_text())["post_processor"]
+    assert fixed["single"][0] == {"SpecialToken": {"id": "<bos>", "type_id": 0}}
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(model_dir / "config.json", old / "config.json")
+    for weights in model_dir.glob("*.safetensors"):
+        (old / weights.name).symlink_to(weights)
+    data = json.loads((model_dir / "tokenizer.json").read_text())
+    data["post_processor"] = None
+    (old / "tokenizer.json").write_text(json.dumps(data))
+
+    assert prepare("gemma-3-270m", out=old) == old
+    assert json.loads((old / "tokenizer.json").read_text())["post_processor"] == fixed
+    stamp = (old / "tokenizer.json").stat().st_mtime_ns
+    prepare("gemma-3-270m", out=old)  # already right: left alone
+    assert (old / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
 # ------------------------------------------------------------------------------ config
 def test_device_follows_the_reserved_gpus():
     from engines import parse_spec

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -12,21 +11,20 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow  # the simulated engine only: no model, but a whole `keynes run` subprocess
+pytestmark = pytest.mark.slow  # the simulated engine only: no model, but a whole `keynes run` subprocess and its readers
 
 SIZE, ROUNDS, SHARD = 6000, 3, 200
 
 
-def test_sql_readers_run_while_an_experiment_writes(tmp_path):
+def test_sql_readers_run_while_an_experiment_writes(tmp_path, session_cli):
+    env, ray_address = session_cli  # the writer joins the session's Prefect API and Ray: reading is the point
     db = tmp_path / "busy.duckdb"
     writer = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", str(REPO / "experiments/quickstart.yaml"), "--db", str(db),
          "--set", f"population.size={SIZE}", "--set", f"game.rounds={ROUNDS}", "--set", f"workers.shard_size={SHARD}",
-         "--set", "arms.engines=[{kind: simulated, latency_s: 0.05, concurrency: 50}]", "--set", "report.enabled=false"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        # the writer starts its own temporary Prefect API; on a busy machine that takes a while
-        env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-             "RAY_ADDRESS": "local"},
+         "--set", "arms.engines=[{kind: simulated, latency_s: 0.05, concurrency: 50}]", "--set", "report.enabled=false",
+         "--set", f"workers.ray_address={ray_address}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     counts: list[int] = []
     failures: list[str] = []

@@ -18,11 +18,11 @@ def keynes_run(config, tmp_path, *args: str, startup_timeout: int = 180) -> subp
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), KEYNES_CACHE=str(tmp_path / "cache"),
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=str(startup_timeout))
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return keynes_run_with(config, env, *args)
 
 
-def keynes_run_in_session(config, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def keynes_run_with(config, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """`keynes run` in a subprocess with exactly this environment."""
     return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -36,13 +36,13 @@ def test_a_complete_continue_experiment_says_so_in_the_terminal(tmp_path, sessio
         "workers": {"actors": 1, "shard_size": 10, "ray_address": ray_address}, "report": {"enabled": False},
         "continue": True, "db": str(tmp_path / "once.duckdb"),
     }))
-    first = keynes_run_in_session(config, env)
+    first = keynes_run_with(config, env)
     assert first.returncode == 0 and "done: 1 round(s) played, 10 guesses written" in first.stderr, first.stderr
-    again = keynes_run_in_session(config, env)
+    again = keynes_run_with(config, env)
     assert again.returncode == 0, again.stderr
     assert "is complete: all 1 round(s) of 1 arm(s) are in" in again.stderr and "nothing to play" in again.stderr
     assert "0 round(s) played" not in again.stderr
-    bad = keynes_run_in_session(config, env, "--set", "population.size=-3")
+    bad = keynes_run_with(config, env, "--set", "population.size=-3")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == ["error: population.size: -3: input should be greater than 0"]
 

@@ -80,6 +80,27 @@ def session_cli(prefect_api, local_ray) -> tuple[dict[str, str], str]:
     return env, local_ray.get_runtime_context().gcs_address
 
 
+#: Modules that share a heavy fixture stay together on one pytest-xdist worker (the suite runs
+#: with ``-n 2 --dist loadgroup``), so the fixture is built once: the quickstart's readers, and
+#: every module that starts vLLM (model preparation, one engine at a time on the 2 cores).
+SHARED = {
+    "quickstart": ("tests/engines/test_llamacpp.py", "tests/flows/test_plan.py", "tests/reports/test_report.py"),
+    "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_exact.py", "tests/engines/test_vllm_chat.py",
+             "tests/benchmarks/test_vllm_throughput_smoke.py"),
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test joins an xdist group: its shared fixture's (SHARED), else its module's, so a
+    module-scoped fixture (a server, a cluster, an engine) is built on one worker only."""
+    group_of = {module: group for group, modules in SHARED.items() for module in modules}
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            module = item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group_of.get(module, module)))
+
+
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     """A fresh DuckDB file path."""

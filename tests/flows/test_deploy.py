@@ -90,6 +90,7 @@ def served(tmp_path_factory):
     api = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
+               PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5", PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS="3",
                RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="disabled", **SLOW_MACHINE)
     server_log = open(folder / "server.log", "w")
     server = subprocess.Popen(
@@ -108,6 +109,11 @@ def served(tmp_path_factory):
              "--report-port", str(report_port)],
             env=serve_env, stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
         )
+        # Ticker's schedule runs only inside its own test: every 5 s it makes a flow run, and a
+        # churning schedule beside the other tests' runs kept the server's SQLite locked for a
+        # minute once (a client timed out and created an artifact twice).
+        ticker = wait_for(lambda: _deployments(api).get("ticker"), 120, "the ticker deployment")
+        _set_paused(api, ticker.id, True)
         yield {"api": api, "folder": folder, "configs": configs, "serve": serve, "ray_tmp": ray_tmp, "home": home,
                "reports": f"http://127.0.0.1:{report_port}"}
     finally:
@@ -161,6 +167,12 @@ def _deployments(api: str) -> dict:
         return {d.name: d for d in client.read_deployments()}
 
 
+def _set_paused(api: str, deployment_id, paused: bool) -> None:
+    """Pause a deployment's schedule (its scheduled runs are deleted) or resume it."""
+    with _client(api) as client:
+        (client.pause_deployment if paused else client.resume_deployment)(deployment_id)
+
+
 def test_serve_registers_a_deployment_per_config_with_its_schedule(served):
     # The reporting fixture adds a third deployment to the same server when its tests ran first.
     deployments = wait_for(lambda: (d := _deployments(served["api"])) and {"manual", "ticker"} <= set(d) and d, 120,
@@ -196,6 +208,15 @@ def test_a_triggered_run_with_an_override_completes_and_writes_the_warehouse(ser
 
 def test_the_interval_schedule_runs_by_itself(served):
     db = served["folder"] / "ticker.duckdb"
+    ticker = _deployments(served["api"])["ticker"]
+    _set_paused(served["api"], ticker.id, False)
+    try:
+        _ticker_runs_twice(served, db)
+    finally:
+        _set_paused(served["api"], ticker.id, True)
+
+
+def _ticker_runs_twice(served, db) -> None:
 
     def completed():
         runs = [r for r in _deployment_runs(served["api"], "ticker") if r.state and r.state.is_completed()]

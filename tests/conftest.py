@@ -80,25 +80,29 @@ def session_cli(prefect_api, local_ray) -> tuple[dict[str, str], str]:
     return env, local_ray.get_runtime_context().gcs_address
 
 
-#: Modules that share a heavy fixture stay together on one pytest-xdist worker (the suite runs
-#: with ``-n 2 --dist loadgroup``), so the fixture is built once: the quickstart's readers, and
-#: every module that starts vLLM (model preparation, one engine at a time on the 2 cores).
+#: Modules that share a heavy fixture run on one pytest-xdist worker (the suite runs on two), so
+#: the fixture is built once: the quickstart's readers, and every module that starts vLLM (model
+#: preparation, one engine at a time on the 2 cores). Every other module is a unit of its own,
+#: so its module-scoped fixtures (a server, a cluster, an engine) are built on one worker only.
 SHARED = {
     "quickstart": ("tests/engines/test_llamacpp.py", "tests/flows/test_plan.py", "tests/reports/test_report.py"),
-    "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_exact.py", "tests/engines/test_vllm_chat.py",
-             "tests/benchmarks/test_vllm_throughput_smoke.py"),
+    "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_chat.py", "tests/benchmarks/test_vllm_throughput_smoke.py"),
 }
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Every test joins an xdist group: its shared fixture's (SHARED), else its module's, so a
-    module-scoped fixture (a server, a cluster, an engine) is built on one worker only."""
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with SHARED's groups and modules as the scopes."""
+    from xdist.scheduler import LoadScopeScheduling
+
     group_of = {module: group for group, modules in SHARED.items() for module in modules}
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            module = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group_of.get(module, module)))
+
+    class ModulesAndSharedFixtures(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return group_of.get(module, module)
+
+    return ModulesAndSharedFixtures(config, log)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Fixtures for the engine tests: the real Gemma 3 270M file, one vLLM engine on it for the
-session, and a real llama.cpp server."""
+"""Fixtures for the engine tests: the real Gemma 3 270M file, its folder prepared for vLLM, and a
+real llama.cpp server."""
 
 from __future__ import annotations
 
@@ -31,20 +31,6 @@ def gemma_hf() -> Path:
     from engines.convert import prepare
 
     return prepare("gemma-3-270m")
-
-
-@pytest.fixture(scope="module")
-def vllm_gemma(gemma_hf):
-    """A real vLLM engine (CPU backend) on Gemma 3 270M for a module (test_vllm.py,
-    test_vllm_exact.py): max_model_len 512, a 0.5 GiB KV cache. Module-scoped, not session: an
-    in-process vLLM engine kept alive while another module builds and closes its own (SmolLM2 in
-    test_vllm_chat.py) answered empty texts afterwards (seen in a full run, seed 1234)."""
-    from engines.vllm import VllmEngine, VllmSpec
-
-    engine = VllmEngine(VllmSpec(model=str(gemma_hf), max_model_len=512, kv_cache_gib=0.5))
-    yield engine
-    engine.close()
-
 
 
 class LlamaServer:

@@ -136,6 +136,7 @@ def test_a_mixture_of_gemma_and_the_simulated_engine(prefect_api, local_ray, db)
         "game": {"rounds": 2},
         "arms": {"engines": [mixture], "prompts": ["basic"]},
         "workers": {"actors": 2, "shard_size": 3},
+        "report": {"enabled": False},
     }
     experiment(config, db=str(db))
     assert q(db, "select engine, model, count(*), count(distinct agent_id), bool_and(valid) from guesses group by all order by 1") == [

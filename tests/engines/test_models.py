@@ -77,13 +77,16 @@ def test_cache_dir_follows_keynes_cache(monkeypatch, tmp_path):
 
 
 def test_models_list_shows_the_bundled_models(tmp_path, monkeypatch):
+    from rich.console import Console
     from typer.testing import CliRunner
 
     from flows.cli import app
 
     monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
     gguf_path("smollm2-135m-instruct")  # in this cache; Gemma is not
-    monkeypatch.setenv("COLUMNS", "200")
+    # A wide console for the table: COLUMNS read when flows.cli was imported (pytest-xdist
+    # workers set it to 80) would truncate the model names.
+    monkeypatch.setattr("flows.cli.out", Console(width=200))
     result = CliRunner().invoke(app, ["models", "list"])
     assert result.exit_code == 0, result.output
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:6]] for line in result.stdout.splitlines() if "│" in line and "MB" in line}

@@ -162,6 +162,7 @@ def test_a_round_survives_the_server_being_killed_and_restarted(gguf, tmp_path, 
                               "concurrency": 3, "backoff_s": 0.5, "max_backoff_s": 4, "max_attempts": 40}],
                  "prompts": ["basic"]},
         "workers": {"actors": 2, "shard_size": 4},
+        "report": {"enabled": False},
     }
     outage: dict[str, int] = {}
 

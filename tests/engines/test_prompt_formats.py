@@ -194,6 +194,7 @@ def test_a_mixture_of_the_two_real_models_splits_agents_by_fraction(prefect_api,
         "game": {"rounds": 2},
         "arms": {"engines": [mixture], "prompts": ["basic"]},
         "workers": {"actors": 2, "shard_size": 5},
+        "report": {"enabled": False},
     }
     experiment(config, db=str(db))
     with duckdb.connect(str(db), read_only=True) as con:

@@ -33,7 +33,8 @@ pytestmark = [
 
 #: The shipped vLLM config, played on vLLM in the suite at the smallest size that still has
 #: every education level and both prompt modes: 5 agents, one round, 16 reasoning tokens, and an
-#: engine sized for it (512-token context, 0.25 GiB KV cache, 8 sequences at once).
+#: engine sized for it (512-token context, 0.25 GiB KV cache, 8 sequences at once); no report page
+#: (the report tests build those).
 VLLM_CPU = REPO / "experiments" / "vllm_cpu.yaml"
 AGENTS = 5
 OVERRIDES = [
@@ -43,6 +44,7 @@ OVERRIDES = [
     "arms.engines.0.max_model_len=512",
     "arms.engines.0.kv_cache_gib=0.25",
     "arms.engines.0.max_num_seqs=8",
+    "report.enabled=false",
 ]
 
 

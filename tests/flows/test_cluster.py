@@ -41,6 +41,7 @@ SCRIPT = textwrap.dedent(
             "population": {"spec": "education.yaml", "size": 200},
             "game": {"rounds": 2},
             "workers": {"actors": 4, "shard_size": 20},
+            "report": {"enabled": False},
         }
         summary = experiment(config, overrides=[f"workers.ray_address={cluster.address}"], db=db)
         print("SUMMARY " + json.dumps({"summary": summary, "address": cluster.address,

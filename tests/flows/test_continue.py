@@ -15,6 +15,7 @@ CONFIG = {
     "game": {"ratio": "2/3", "rounds": 3},
     "arms": {"engines": [{"kind": "simulated"}], "prompts": ["basic", "cot"]},
     "workers": {"actors": 2, "shard_size": 15},
+    "report": {"enabled": False},
     "continue": True,
 }
 

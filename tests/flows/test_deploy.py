@@ -35,6 +35,7 @@ MANUAL = {
     "game": {"rounds": 2},
     "arms": {"engines": [{"kind": "simulated"}], "prompts": ["basic"]},
     "workers": {"actors": 1, "shard_size": 10},
+    "report": {"enabled": False},  # pages are built by `reporting` (below), whose test reads its link
 }
 TICKER = {
     "name": "ticker",
@@ -43,6 +44,7 @@ TICKER = {
     "game": {"rounds": 1},
     "workers": {"actors": 1, "shard_size": 12},
     "schedule": {"interval_s": 5},
+    "report": {"enabled": False},
     "continue": True,
 }
 
@@ -244,7 +246,7 @@ def reporting(served):
     deployment (`reporting`) on its own runner, so ticker's schedule never holds its slot."""
     folder = served["folder"]
     config = folder / "reporting.yaml"
-    config.write_text(yaml.safe_dump({**MANUAL, "name": "reporting", "db": str(folder / "reporting.duckdb")}))
+    config.write_text(yaml.safe_dump({**MANUAL, "name": "reporting", "db": str(folder / "reporting.duckdb"), "report": {"enabled": True}}))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(served["home"]), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=served["api"],

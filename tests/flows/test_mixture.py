@@ -28,6 +28,7 @@ CONFIG = {
     "game": {"rounds": 3},
     "arms": {"engines": [MIXTURE], "prompts": ["basic"]},
     "workers": {"actors": 2, "shard_size": 20},
+    "report": {"enabled": False},
 }
 
 

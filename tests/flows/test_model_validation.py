@@ -25,6 +25,7 @@ BASE = {
     "game": {"rounds": 2},
     "arms": {"engines": [{"kind": "llamacpp"}], "prompts": ["basic"]},
     "workers": {"actors": 1, "shard_size": 4},
+    "report": {"enabled": False},
 }
 
 

@@ -115,6 +115,7 @@ def faulty_round(prefect_api, local_ray, server, tmp_path_factory):
         "arms": {"engines": [openai_spec("PROXY", timeout_s=30, max_attempts=MAX_ATTEMPTS, backoff_s=0.2, concurrency=2)],
                  "prompts": ["basic"]},
         "workers": {"actors": 1, "shard_size": 6},
+        "report": {"enabled": False},
     }
     with FaultProxy(server.port, schedule) as proxy:
         config["arms"]["engines"][0]["base_url"] = proxy.base_url

@@ -33,6 +33,7 @@ CONFIG = {
     # ~0.5 s per shard and phase: the run lasts ~20 s, long enough to be killed mid-round.
     "arms": {"engines": [{"kind": "simulated", "rule": "uniform", "latency_s": 0.5}], "prompts": ["basic", "cot"]},
     "workers": {"actors": 2, "shard_size": SHARD},
+    "report": {"enabled": False},  # the page built mid-run by `keynes report` is the one tested
 }
 TOTAL = N * ROUNDS * ARMS
 

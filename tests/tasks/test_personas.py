@@ -117,6 +117,7 @@ CONFIG = {
     "game": {"rounds": 1},
     "arms": {"engines": [{"kind": "simulated"}], "prompts": [str(BACKGROUND_TEMPLATE)]},
     "workers": {"actors": 2, "shard_size": 6},
+    "report": {"enabled": False},
 }
 
 

@@ -19,10 +19,9 @@ import polars as pl
 import pytest
 
 from core.game import GameRule
-from engines import Constraint, RequestBatch, Sampling
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.context import game_context
 from prompts.render import render
-
 from tests.conftest import REPO
 from tests.support.sql import q
 
@@ -111,8 +110,6 @@ def test_a_folder_prepared_before_the_bos_fix_is_fixed_in_place(model_dir, tmp_p
 
 # ------------------------------------------------------------------------------ config
 def test_device_follows_the_reserved_gpus():
-    from engines import parse_spec
-
     assert parse_spec({"kind": "vllm"}).on_cuda is False
     cuda = parse_spec({"kind": "vllm", "device": "cuda", "tensor_parallel_size": 2})
     assert cuda.num_gpus == 2 and cuda.on_cuda
@@ -148,8 +145,6 @@ PROMPT = ("You are playing a number-guessing game with 100 players. Each player 
 @pytest.mark.parametrize("low, high, integer", [(0, 100, True), (0, 100, False), (17, 4321, True)])
 def test_answers_match_the_constraint_regex_exactly(engine, low, high, integer):
     import re
-
-    import polars as pl
 
     from prompts.answers import parse_answers
 
@@ -222,7 +217,6 @@ def test_tokens_latency_and_reasoning_are_recorded(round_db):
 def test_a_batch_larger_than_one_step_keeps_per_request_seeds(engine):
     # 120 prompts × ~60 tokens exceed one scheduler step (4096 tokens): on CPU a split prompt
     # with a seeded generator used to fail the whole call ("CPU Generator does not use offset").
-
     out = engine.generate(_batch([PROMPT] * 120, range(1000, 1120), Constraint(0, 100)))
     assert out.error == [None] * 120
     assert all(t.isdigit() and 0 <= int(t) <= 100 for t in out.text)
@@ -273,8 +267,6 @@ def tvd(p: dict[str, float], q: dict[str, float]) -> float:
 @pytest.fixture(scope="module")
 def engines(gguf, engine):
     """This module's vLLM engine on Gemma, and Gemma on llama.cpp."""
-    from engines import build_engine, parse_spec
-
     llama = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1}))
     yield engine, llama
     llama.close()

@@ -208,17 +208,19 @@ def test_a_triggered_run_with_an_override_completes_and_writes_the_warehouse(ser
     assert run.name.startswith("manual-") and "24 agents × 2 arm(s) × 2 round(s)" in run.name
 
 
+@contextmanager
+def _scheduling(api: str, name: str):
+    """A paused deployment's schedule, running while the block runs."""
+    deployment = _deployments(api)[name]
+    _set_paused(api, deployment.id, False)
+    try:
+        yield
+    finally:
+        _set_paused(api, deployment.id, True)
+
+
 def test_the_interval_schedule_runs_by_itself(served):
     db = served["folder"] / "ticker.duckdb"
-    ticker = _deployments(served["api"])["ticker"]
-    _set_paused(served["api"], ticker.id, False)
-    try:
-        _ticker_runs_twice(served, db)
-    finally:
-        _set_paused(served["api"], ticker.id, True)
-
-
-def _ticker_runs_twice(served, db) -> None:
 
     def completed():
         runs = [r for r in _deployment_runs(served["api"], "ticker") if r.state and r.state.is_completed()]
@@ -226,7 +228,8 @@ def _ticker_runs_twice(served, db) -> None:
 
     # Nobody triggers ticker: its runs come from the 5 s interval. The first plays the only
     # round (continue: true); the next ones find it played and end at once, saying so.
-    runs = sorted(wait_for(completed, 300, "two scheduled runs of ticker to complete", interval_s=2), key=lambda r: r.start_time)
+    with _scheduling(served["api"], "ticker"):
+        runs = sorted(wait_for(completed, 300, "two scheduled runs of ticker to complete", interval_s=2), key=lambda r: r.start_time)
     assert all(r.auto_scheduled for r in runs)
     assert q(db, "select round, n from rounds") == [(1, 12)]
     assert q(db, "select count(*) from guesses") == [(12,)]

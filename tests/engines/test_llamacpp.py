@@ -97,6 +97,17 @@ def test_a_prompt_beyond_the_context_fails_alone(gguf):
     assert out.text[1] == "" and "exceed context window" in out.error[1]
 
 
+def test_llama_cpp_is_built_without_amx_kernels():
+    # A -march=native build on an AMX CPU routes Q4_K products through ggml's AMX kernels, which
+    # crash in llama_decode (pyproject.toml builds with GGML_NATIVE=OFF); the portable build has
+    # AVX2 and ggml's CPU repacking, and no AMX.
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    assert "AVX2 = 1" in info and "REPACK = 1" in info, info
+    assert "AMX" not in info, info
+
+
 def test_an_unknown_model_is_named():
     # Refused when the config is read, before any engine is built.
     with pytest.raises(ValueError, match="unknown model 'gemma-7b'; available: gemma-3-270m, smollm2-135m-instruct, or a path"):

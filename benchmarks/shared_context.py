@@ -10,6 +10,9 @@
     uv run --extra llamacpp python benchmarks/shared_context.py --sections a,c
     uv run --extra llamacpp python benchmarks/shared_context.py --sections b --agents 1000
     uv run --extra llamacpp python benchmarks/shared_context.py --sections d --agents 1000000
+
+(b) and (d) start a local Ray per run, as a user's ``keynes run`` does; ``--ray-address`` joins a
+running Ray instead (a cluster, or a Ray kept up between runs: the figures then leave its start out).
 """
 
 from __future__ import annotations
@@ -98,9 +101,10 @@ def section_c(n: int, threads: int, max_reasoning: int = 48) -> None:
     print(f"  ratio: {rates[1] / rates[0]:.2f}x decisions/s (sequences 8), {rates[2] / rates[0]:.2f}x (sequences 32)")
 
 
-def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int = 2) -> tuple[float, float, float]:
+def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, ray_address: str | None) -> tuple[float, float, float]:
     """Wall seconds, peak memory (GiB, summed RSS of ``keynes run`` and every process it starts:
-    Ray, the actors, Prefect's API) and their CPU seconds, of one ``keynes run``."""
+    Ray, the actors, Prefect's API) and their CPU seconds, of one ``keynes run`` (which joins
+    ``ray_address`` if given, else starts a local Ray)."""
     from benchmarks.scale import MemorySampler
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,6 +113,8 @@ def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int =
                "--set", f"workers.shard_size={shard_size}", "--set", f"workers.actors={actors}",
                "--set", f"arms.engines=[{{kind: llamacpp, shared_context: {str(shared).lower()}}}]",
                "--set", "report.enabled=false"]
+        if ray_address:
+            cmd += ["--set", f"workers.ray_address={ray_address}"]
         with MemorySampler() as sampler:
             sampler.reset()
             start = time.perf_counter()
@@ -122,18 +128,19 @@ def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int =
     return wall, sampler.peak / 2**30, sampler.cpu_s
 
 
-def section_b(n: int, per_agent_n: int) -> None:
+def section_b(n: int, per_agent_n: int, actors: int, ray_address: str | None) -> None:
     print(f"(b) 3 rounds, basic, through keynes run: {n:,} agents shared, {per_agent_n:,} per agent")
-    w1, _, c1 = keynes_run(per_agent_n, 3, False, max(1, per_agent_n // 4))
-    w2, _, c2 = keynes_run(n, 3, True, max(1, n // 4))
+    w1, _, c1 = keynes_run(per_agent_n, 3, False, max(1, per_agent_n // 4), actors, ray_address)
+    w2, _, c2 = keynes_run(n, 3, True, max(1, n // 4), actors, ray_address)
     r1, r2 = 3 * per_agent_n / w1, 3 * n / w2
     print(f"  per-agent {3 * per_agent_n:,} decisions {w1:.1f} s = {r1:.2f}/s ({c1:.0f} CPU s); "
           f"shared {3 * n:,} decisions {w2:.1f} s = {r2:.2f}/s ({c2:.0f} CPU s); ratio {r2 / r1:.1f}x")
 
 
-def section_d(n: int) -> None:
-    print(f"(d) round 1 through keynes run, {n:,} agents, shared (whole command: Ray and Prefect start, personas, actors, DuckDB)")
-    wall, peak, cpu = keynes_run(n, 1, True, shard_size=max(1, n // 8))
+def section_d(n: int, actors: int, ray_address: str | None) -> None:
+    starts = "joins the running Ray; Prefect's start" if ray_address else "Ray and Prefect start"
+    print(f"(d) round 1 through keynes run, {n:,} agents, shared (whole command: {starts}, personas, actors, DuckDB)")
+    wall, peak, cpu = keynes_run(n, 1, True, max(1, n // 8), actors, ray_address)
     print(f"  wall {wall:.1f} s, {n / wall:,.0f} decisions/s, peak memory {peak:.2f} GiB (every process), {cpu:.0f} CPU s")
 
 
@@ -144,17 +151,19 @@ def main() -> None:
     parser.add_argument("--per-agent", type=int, default=500, help="agents of the per-agent side")
     parser.add_argument("--cot-agents", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--actors", type=int, default=2, help="keynes run's actors in (b) and (d)")
+    parser.add_argument("--ray-address", help="(b) and (d) join this Ray instead of starting one per run")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for s in args.sections.split(","):
         if s == "a":
             section_a(args.agents, args.per_agent, args.threads)
         elif s == "b":
-            section_b(args.agents, args.per_agent)
+            section_b(args.agents, args.per_agent, args.actors, args.ray_address)
         elif s == "c":
             section_c(args.cot_agents, args.threads)
         elif s == "d":
-            section_d(args.agents)
+            section_d(args.agents, args.actors, args.ray_address)
 
 
 if __name__ == "__main__":

@@ -290,12 +290,12 @@ def sql(
     """
     import duckdb
 
-    from warehouse.store import Warehouse, WarehouseError
+    from warehouse.files import WarehouseError, WarehouseFile  # not the store: no pandera for a SELECT
 
     if format_ not in ("table", "csv", "json"):
         fail(f"--format: {format_!r} is not one of table, csv, json")
     try:
-        frame = Warehouse(db).query(query)
+        frame = WarehouseFile(db).query(query)
     except WarehouseError as exc:
         fail(str(exc))
     except duckdb.Error as exc:

@@ -51,9 +51,10 @@ def local_ray():
 
 #: The session's one quickstart run: the shipped config (Gemma 3 270M on llama.cpp, basic and chain
 #: of thought, 3 rounds, 2 actors, shards of 5) with 10 agents instead of 30, so that each round
-#: still has two shards per arm. The report, plan and llama.cpp flow tests all read it.
+#: still has two shards per arm, and 24 reasoning tokens instead of 48 (the reasoning's decode is
+#: most of the run's cost). The report, plan and llama.cpp flow tests all read it.
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
-QUICKSTART_OVERRIDES = ["population.size=10"]
+QUICKSTART_OVERRIDES = ["population.size=10", "arms.max_reasoning_tokens=24"]
 
 
 @pytest.fixture(scope="session")

@@ -256,10 +256,9 @@ def check_schema(con: duckdb.DuckDBPyConnection) -> int:
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Upgrade the schema to ``SCHEMA_VERSION`` in one transaction; return the old version."""
-    check_schema(con)
+    if check_schema(con) == SCHEMA_VERSION:  # the usual case: read only, nothing to write
+        return SCHEMA_VERSION
     version = current_version(con)
-    if version == SCHEMA_VERSION:
-        return version
     con.execute("BEGIN TRANSACTION")
     try:
         for step in range(version, SCHEMA_VERSION):

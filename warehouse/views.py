@@ -7,6 +7,7 @@ Each view carries a comment: what it holds, and a hash of its SQL.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -45,6 +46,7 @@ _STATS = """
            avg(g.guess) + 1.96 * stddev_samp(g.guess) / sqrt(count(g.guess)) AS ci95_high
 """
 
+@functools.cache
 def _static_views() -> dict[str, tuple[str, str]]:
     """Views whose SQL does not depend on the personas columns: name → (description, SQL)."""
     return {
@@ -245,22 +247,25 @@ def _persona_views(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, str]]
 
 def definitions(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, str]]:
     """Every view this keynes defines for the file behind ``con``: name → (description, SQL)."""
-    views = _static_views()
+    views = dict(_static_views())  # a copy: the cached static views stay as they are
     views.update(_persona_views(con))
     return views
 
 
+@functools.lru_cache(maxsize=256)
 def _digest(sql: str) -> str:
     return hashlib.sha256(" ".join(sql.split()).encode()).hexdigest()[:12]
 
 
-def stale_views(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Names of views that are missing or whose SQL differs from this keynes's definition."""
+def stale_views(con: duckdb.DuckDBPyConnection, views: dict[str, tuple[str, str]] | None = None) -> list[str]:
+    """Names of views that are missing or whose SQL differs from this keynes's definition
+    (``views``: the file's ``definitions``, when the caller has them already)."""
     have = {
         name: (m.group(1) if (m := _MARK.search(comment or "")) else None)
         for name, comment in con.execute("SELECT view_name, comment FROM duckdb_views() WHERE NOT internal").fetchall()
     }
-    return [name for name, (_, sql) in definitions(con).items() if have.get(name) != _digest(sql)]
+    views = definitions(con) if views is None else views
+    return [name for name, (_, sql) in views.items() if have.get(name) != _digest(sql)]
 
 
 def ensure_views(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -269,8 +274,8 @@ def ensure_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     Order matters: ``population_composition``, ``guess_stats_by_attribute`` and
     ``exact_answers_by_attribute`` read ``persona_attributes``, which is defined before them.
     """
-    stale = stale_views(con)
     views = definitions(con)
+    stale = stale_views(con, views)
     for name in stale:
         description, sql = views[name]
         try:

@@ -1,10 +1,9 @@
 """benchmarks/shared_context.py at a few agents, every section: (a) and (c) in the benchmark's
-process on Gemma 3 270M (llama.cpp), (b) and (d) through ``keynes run`` (its own local Ray; the
-session's Prefect API, so no run pays a Prefect start)."""
+process on Gemma 3 270M (llama.cpp), (b) and (d) through ``keynes run`` with one actor, joining the
+session's Ray and Prefect API (``--ray-address``), so no run pays their start."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -39,12 +38,10 @@ def test_sections_a_and_c_print_both_paths_and_their_ratios():
     assert eight > 0 and thirty_two > 0
 
 
-def test_sections_b_and_d_run_keynes_and_store_every_guess(prefect_api):
-    from prefect.settings import PREFECT_API_URL
-
-    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value())
-    env.pop("RAY_ADDRESS", None)  # each run starts its own local Ray, as a user's does
-    out = run_benchmark("shared_context.py", "--sections", "b,d", "--agents", "4", "--per-agent", "2", timeout=900, env=env)
+def test_sections_b_and_d_run_keynes_and_store_every_guess(session_cli):
+    env, ray_address = session_cli
+    out = run_benchmark("shared_context.py", "--sections", "b,d", "--agents", "4", "--per-agent", "2",
+                        "--actors", "1", "--ray-address", ray_address, timeout=900, env=env)
     b, d = out.split("(b) 3 rounds")[1].split("(d) round 1")
     # (b) 3 rounds of 2 agents per agent, then 3 rounds of 4 agents shared; (d) 1 round of 4.
     stored = [tuple(map(int, g)) for g in re.findall(r"guesses stored: (\d+) \((\d+) valid\)", b)]
@@ -54,6 +51,6 @@ def test_sections_b_and_d_run_keynes_and_store_every_guess(prefect_api):
         rf"shared 12 decisions ({NUMBER}) s = ({NUMBER})/s \(({NUMBER}) CPU s\); ratio ({NUMBER})x", b)
     assert min(w1, r1, c1, w2, r2, c2, ratio) > 0, b
     assert ratio_of_printed(ratio, r2, r1, half_step=0.05), b  # rates printed to 0.01, the ratio to 0.1
-    assert re.search(r"guesses stored: 4 \(4 valid\)", d), d
+    assert "joins the running Ray" in d and re.search(r"guesses stored: 4 \(4 valid\)", d), d
     wall, rate, peak, cpu = figures(rf"wall ({NUMBER}) s, ({NUMBER}) decisions/s, peak memory ({NUMBER}) GiB \(every process\), ({NUMBER}) CPU s", d)
     assert wall > 0 and peak > 0 and cpu > 0 and rate == pytest.approx(4 / wall, abs=0.5), d

@@ -59,17 +59,18 @@ def test_free_text_starts_and_ends_as_create_completion_does(engine):
     same. Later steps decode ``sequences`` rows at once, one row there; their logits differ in the
     last bits and a draw near a boundary flips (measured here: 1 of 12 texts of 48 tokens identical,
     the others agreeing for their first 2 to 14 tokens). Texts that agree must stop at the same token.
+    Texts of 24 tokens here (1 of 12 identical).
     With llama.cpp's defaults (no flash attention, 512-token batches) prompt logits differ by up to
     0.9 and texts part from the first token on."""
     from llama_cpp import Llama
 
     from engines.llamacpp_shared import BLOCK
 
-    free = batches(list(range(N)), reasoning_tokens=48)[0]
+    free = batches(list(range(N)), reasoning_tokens=24)[0]
     out = engine.generate(free)
-    assert sum(bool(t.strip()) for t in out.text) >= N - 1, out.text
+    assert sum(bool(t.strip()) for t in out.text) >= len(out.text) - 1, out.text
     assert not any("\n\n" in t for t in out.text)  # the stop sequence ends a text and is cut off
-    assert (out.completion_tokens <= 48).all() and (out.completion_tokens >= 1).all()
+    assert (out.completion_tokens <= 24).all() and (out.completion_tokens >= 1).all()
     ref = Llama(str(engine.path), n_ctx=2048, n_threads=1, n_threads_batch=1, n_batch=BLOCK, n_ubatch=BLOCK,
                 flash_attn=True, seed=0, verbose=False)
     try:
@@ -83,14 +84,18 @@ def test_free_text_starts_and_ends_as_create_completion_does(engine):
         rows, first = [], []
         for prompt, seed in zip(free.prompt, free.seed):
             done = complete(prompt, seed, s.max_tokens)
-            rows.append((done["choices"][0]["text"], done["usage"]["prompt_tokens"], done["usage"]["completion_tokens"]))
-            first.append(complete(prompt, seed, 1)["choices"][0]["text"])
+            n_prompt, n_completion = done["usage"]["prompt_tokens"], done["usage"]["completion_tokens"]
+            rows.append((done["choices"][0]["text"], n_prompt, n_completion))
+            if n_completion > 1:  # the first drawn token, read back from the tokens the completion evaluated
+                first.append(ref.detokenize([int(ref.input_ids[n_prompt])]).decode("utf-8", "replace"))
+            else:  # a one-token text is its first token (the stop sequence cut, if any, leaves it as it is)
+                first.append(complete(prompt, seed, 1)["choices"][0]["text"])
     finally:
         ref.close()
     assert list(out.prompt_tokens) == [r[1] for r in rows]  # the same tokens, counted the same
     assert all(f and t.startswith(f) for f, t in zip(first, out.text)), (first, out.text)
-    same = [i for i in range(N) if out.text[i] == rows[i][0]]
-    print(f"whole texts identical to create_completion's: {len(same)} of {N}")
+    same = [i for i in range(len(rows)) if out.text[i] == rows[i][0]]
+    print(f"whole texts identical to create_completion's: {len(same)} of {len(rows)}")
     assert all(out.completion_tokens[i] == rows[i][2] for i in same)
 
 

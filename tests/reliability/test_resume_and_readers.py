@@ -30,8 +30,8 @@ CONFIG = {
     "seed": 9,
     "population": {"spec": "education.yaml", "size": N},
     "game": {"ratio": "2/3", "rounds": ROUNDS},
-    # ~0.5 s per shard and phase: the run lasts ~20 s, long enough to be killed mid-round.
-    "arms": {"engines": [{"kind": "simulated", "rule": "uniform", "latency_s": 0.5}], "prompts": ["basic", "cot"]},
+    # ~0.25 s per shard and phase: the run lasts ~10 s, long enough to be killed mid-round.
+    "arms": {"engines": [{"kind": "simulated", "rule": "uniform", "latency_s": 0.25}], "prompts": ["basic", "cot"]},
     "workers": {"actors": 2, "shard_size": SHARD},
     "report": {"enabled": False},  # the page built mid-run by `keynes report` is the one tested
 }
@@ -106,8 +106,8 @@ def reference(setup):
     ``keynes report`` started as soon as its first shard is committed.
 
     Each snapshot is taken by a new ``keynes sql`` process; how many there are and what they
-    see depends on the machine's speed. What does not: the simulated engine sleeps 0.5 s per
-    shard and phase (>= 11 s for the 47 shards after the first commit), so the report and the
+    see depends on the machine's speed. What does not: the simulated engine sleeps 0.25 s per
+    shard and phase (>= 5.5 s for the 47 shards after the first commit), so the report and the
     first reader are started while the run still writes."""
     root, config, env = setup
     db = root / "reference.duckdb"

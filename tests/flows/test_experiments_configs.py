@@ -6,7 +6,9 @@ Each config runs through the ``experiment`` flow on the session's real Prefect A
 tokens. What plays, per kind of config:
 
 - ``quickstart.yaml`` plays on the engine it names, the real Gemma 3 270M on llama.cpp:
-  the LLM is its point.
+  the LLM is its point. Its run is the session's quickstart run (the ``quickstart``
+  fixture: 10 agents, 3 rounds, with its report page), checked here like every other
+  config's tiny run; this module shares that run's xdist group (tests/conftest.py).
 - ``models.yaml`` plays on the engines it names: Gemma 3 270M and SmolLM2 135M Instruct on
   llama.cpp, alone and in their mixture; both models must be in the stored guesses. One
   round: the quickstart plays round 2 here, and tests/engines/test_prompt_formats.py plays
@@ -50,13 +52,15 @@ import yaml
 import engines
 from flows.experiment import experiment
 from flows.loading import load_config
-from tests.conftest import REPO
+from tests.conftest import QUICKSTART_OVERRIDES, REPO
 from tests.support.sql import q
 
 CONFIGS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "experiments").rglob("*.yaml"))
 LLM_KINDS = {"llamacpp", "vllm", "openai"}
 #: Configs that play on the LLM engines they name (the LLM is their point).
 REAL_LLM = {"experiments/quickstart.yaml", "experiments/models.yaml"}
+#: The config whose run is the session's quickstart run (see the module docstring).
+SESSION_RUN = "experiments/quickstart.yaml"
 #: Configs played for one round only (see the module docstring).
 ONE_ROUND = {"experiments/models.yaml"}
 #: Configs whose tiny run also builds its report page, and the comparison that page must draw.
@@ -134,20 +138,24 @@ def test_every_llm_engine_of_a_wiring_config_gets_its_own_stand_in():
 @pytest.mark.parametrize(
     "config", [pytest.param(c, marks=pytest.mark.llm) if c in REAL_LLM else c for c in CONFIGS]
 )
-def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray):
+def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray, request):
     source = REPO / config
     overrides, played, writer = plan(config)
+    if config == SESSION_RUN:  # played once for the session (the `quickstart` fixture), with its report
+        db, summary = request.getfixturevalue("quickstart")
+        overrides = QUICKSTART_OVERRIDES
+    else:
+        db = tmp_path / "tiny.duckdb"
+        summary = experiment(str(source), overrides, db=str(db))
     cfg = load_config(source, overrides)
     arms = cfg.arms_list()
-    db = tmp_path / "tiny.duckdb"
-
-    summary = experiment(str(source), overrides, db=str(db))
+    size = cfg.population.size  # SIZE, or the session run's
 
     # The stand-ins keep the config's arms: every engine × prompt × temperature × game.
     assert len(arms) == len(load_config(source).arms_list())
     rounds = sum(a.rule.rounds for a in arms)
-    assert summary["rows_written"] == SIZE * rounds
-    assert q(db, "select count(*), count(distinct (run_id, round, agent_id)) from guesses") == [(SIZE * rounds, SIZE * rounds)]
+    assert summary["rows_written"] == size * rounds
+    assert q(db, "select count(*), count(distinct (run_id, round, agent_id)) from guesses") == [(size * rounds, size * rounds)]
     assert q(db, "select count(*) from runs where status = 'completed'") == [(len(arms),)]
     assert q(db, "select count(*) from rounds") == [(rounds,)]
     # Every stored guess is in bounds or flagged, with the engine's text kept.
@@ -161,7 +169,7 @@ def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray):
         assert q(db, f"select ratio, \"offset\", equilibrium from runs where run_id = '{arm.run_id}'") == [(rule.ratio, rule.offset, pytest.approx(expected))]
         # Modes that reason store a reasoning for every guess; the others none.
         assert q(db, f"select count(*) filter (where reasoning is not null) from guesses where run_id = '{arm.run_id}'") == [
-            (SIZE * rule.rounds if arm.mode.reasoning else 0,)
+            (size * rule.rounds if arm.mode.reasoning else 0,)
         ]
     # Targets include the offset and come from the valid guesses.
     bad = q(db, """select count(*) from rounds o join runs r using (run_id)
@@ -180,8 +188,8 @@ def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray):
         assert per_run[mixture] == {("llamacpp", "gemma-3-270m"), ("llamacpp", "smollm2-135m-instruct")}
     if writer is not None:
         (label,) = leaves(writer)
-        assert q(db, "select engine, model, count(*) from backstories group by all") == [(*label, SIZE)]
-        assert q(db, "select count(*) from personas where background like '%(simulated text #%'") == [(SIZE,)]
+        assert q(db, "select engine, model, count(*) from backstories group by all") == [(*label, size)]
+        assert q(db, "select count(*) from personas where background like '%(simulated text #%'") == [(size,)]
     if cfg.groups is not None:
         n_groups = q(db, "select count(distinct group_name) from group_members")[0][0]
         assert n_groups > 1
@@ -192,8 +200,8 @@ def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray):
                               join group_members m using (agent_id) where g.valid group by all) x
                           using (run_id, round, group_name)
                         where abs(o.target - least(greatest(r.ratio_value * x.mean + r."offset", r.low), r.high)) > 1e-9""") == [(0,)]
-    if config in REPORTED:
+    if config in REPORTED or config == SESSION_RUN:
         assert summary["report"] == str(db.with_name(f"{cfg.name}-report.html"))
-        assert REPORTED[config] in Path(summary["report"]).read_text(encoding="utf-8")
+        assert REPORTED.get(config, cfg.name) in Path(summary["report"]).read_text(encoding="utf-8")
     else:
         assert summary["report"] is None

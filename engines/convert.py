@@ -117,21 +117,17 @@ def _one_gguf_read() -> Iterator[None]:
 
     original, readers = gguf.GGUFReader, {}
 
-    def in_memory(path, mode="r", **_):
-        assert mode == "r", mode  # the readers here only read
-        data = np.fromfile(path, dtype=np.uint8)
-        data.flags.writeable = False
-        return data
+    class InMemory(original):
+        def __setattr__(self, name, value):
+            if name == "data" and isinstance(value, np.memmap):  # the file, as the constructor maps it
+                value = np.array(value)  # a plain array: a copy in memory
+                value.flags.writeable = False
+            super().__setattr__(name, value)
 
     def shared(path, mode="r"):
         key = (os.fspath(path), mode)
         if key not in readers:
-            memmap = gguf.gguf_reader.np.memmap
-            gguf.gguf_reader.np.memmap = in_memory  # for this constructor only
-            try:
-                readers[key] = original(path, mode)
-            finally:
-                gguf.gguf_reader.np.memmap = memmap
+            readers[key] = InMemory(path, mode)
         return readers[key]
 
     gguf.GGUFReader = shared

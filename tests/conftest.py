@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 # Prefect reads its settings at import: point it at a throwaway home first.
@@ -17,6 +18,10 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # On a busy shared machine Ray's Python agents can take longer than the raylet's default
 # wait to register (the raylet then aborts); set before any test starts a Ray.
 os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
+# No idle worker processes started ahead of the first task: each Ray of the session (and of
+# every `keynes run` a test starts) would keep two, at ~1.5 CPU-s a minute, on a machine whose
+# two cores the suite keeps busy. An actor then waits ~1 s for its process to start.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 from pathlib import Path
 
@@ -26,15 +31,32 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def prefect_api():
-    """Prefect's real API (a temporary local server) for the whole session."""
+def prefect_api(tmp_path_factory):
+    """Prefect's real API (a temporary local server, Prefect's own test harness) for the whole
+    session, on a copy of the session's migrated database (tests/support/prefect_db.py)."""
+    from unittest import mock
+
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
+    from tests.support.prefect_db import migrated
+
+    folder = tmp_path_factory.mktemp("prefect-api")
+    shutil.copyfile(migrated(tmp_path_factory), folder / "prefect-test.db")  # the harness's file name in its folder
     # A loaded machine can take minutes to start it: the usual setting changes the wait (default 180 s).
-    with prefect_test_harness(server_startup_timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 180))):
+    with mock.patch("prefect.testing.utilities.mkdtemp", lambda: str(folder)), \
+            prefect_test_harness(server_startup_timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 180))):
         with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield
+
+
+@pytest.fixture
+def prefect_home(tmp_path, tmp_path_factory) -> Path:
+    """A ``PREFECT_HOME`` for a subprocess that starts its own temporary Prefect API, holding a
+    migrated database as a user's does after their first run (tests/support/prefect_db.py)."""
+    from tests.support.prefect_db import seed_home
+
+    return seed_home(tmp_path / "prefect", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

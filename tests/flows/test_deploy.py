@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.support.prefect_db import seed_home
 from tests.support.sql import q
 from tests.support.waiting import free_port, wait_for
 
@@ -86,8 +87,8 @@ def served(tmp_path_factory):
         data = {**cfg, "db": str(folder / f"{cfg['name']}.duckdb")}
         configs[cfg["name"]] = folder / f"{cfg['name']}.yaml"
         configs[cfg["name"]].write_text(yaml.safe_dump(data))
-    home = folder / "prefect-home"
-    home.mkdir()
+    # A migrated database, as on a machine where the server has run before.
+    home = seed_home(folder / "prefect-home", tmp_path_factory)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}

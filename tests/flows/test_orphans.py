@@ -37,11 +37,11 @@ def _still_running(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_sigkill_of_keynes_run_leaves_no_process_it_started(tmp_path):
+def test_sigkill_of_keynes_run_leaves_no_process_it_started(tmp_path, prefect_home):
     config = tmp_path / "killed.yaml"
     config.write_text(yaml.safe_dump({**SLOW, "db": str(tmp_path / "killed.duckdb")}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), KEYNES_CACHE=str(tmp_path / "cache"),
+    env.update(PREFECT_HOME=str(prefect_home), KEYNES_CACHE=str(tmp_path / "cache"),
                RAY_TMPDIR=tempfile.mkdtemp(prefix="kray-"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

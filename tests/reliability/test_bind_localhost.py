@@ -58,9 +58,9 @@ else:
 """
 
 
-def run(which: str, tmp_path) -> dict:
+def run(which: str, home) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), RAY_ENABLE_UV_RUN_RUNTIME_ENV="0",
+    env.update(PREFECT_HOME=str(home), RAY_ENABLE_UV_RUN_RUNTIME_ENV="0",
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     proc = subprocess.run([sys.executable, "-c", SCRIPT, which], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -68,13 +68,13 @@ def run(which: str, tmp_path) -> dict:
 
 
 @pytest.mark.slow
-def test_ray_dashboard_listens_on_localhost_only(tmp_path):
-    result = run("ray-dashboard", tmp_path)
+def test_ray_dashboard_listens_on_localhost_only(prefect_home):
+    result = run("ray-dashboard", prefect_home)
     assert result["url"].startswith("127.0.0.1:")
     assert result["hosts"] == ["127.0.0.1"], result
 
 
 @pytest.mark.slow
-def test_prefects_temporary_api_listens_on_localhost_only(tmp_path):
-    result = run("prefect", tmp_path)
+def test_prefects_temporary_api_listens_on_localhost_only(prefect_home):
+    result = run("prefect", prefect_home)
     assert result["hosts"] and set(result["hosts"]) <= {"127.0.0.1"}, result

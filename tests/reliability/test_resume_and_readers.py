@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.support.prefect_db import seed_home
 
 N, ROUNDS, ARMS, SHARD = 120, 4, 2, 20
 CONFIG = {
@@ -194,7 +195,8 @@ def default_path(setup, tmp_path_factory):
     root, _, env = setup
     config = root / "resume-default.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    home = tmp_path_factory.mktemp("prefect-home")
+    # A migrated Prefect database, as in a user's PREFECT_HOME after their first run.
+    home = seed_home(tmp_path_factory.mktemp("prefect-home"), tmp_path_factory)
     # Nor the test session's Ray settings: the CLI must choose them itself, as for a user.
     default_env = {k: v for k, v in env.items() if k not in ("PREFECT_API_URL", "RAY_ENABLE_UV_RUN_RUNTIME_ENV")}
     default_env["PREFECT_HOME"] = str(home)

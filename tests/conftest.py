@@ -72,11 +72,13 @@ def local_ray():
 
 
 #: The session's one quickstart run: the shipped config (Gemma 3 270M on llama.cpp, basic and chain
-#: of thought, 3 rounds, 2 actors, shards of 5) with 10 agents instead of 30, so that each round
-#: still has two shards per arm, and 24 reasoning tokens instead of 48 (the reasoning's decode is
-#: most of the run's cost). The report, plan and llama.cpp flow tests all read it.
+#: of thought, 2 actors, shards of 5) with 10 agents instead of 30, so that each round still has two
+#: shards per arm, 2 rounds instead of 3 (round 2 already shows each agent its history) and 24
+#: reasoning tokens instead of 48 (the reasoning's decode is most of the run's cost). The report,
+#: plan and llama.cpp flow tests all read it.
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
-QUICKSTART_OVERRIDES = ["population.size=10", "arms.max_reasoning_tokens=24"]
+QUICKSTART_AGENTS, QUICKSTART_ROUNDS = 10, 2
+QUICKSTART_OVERRIDES = [f"population.size={QUICKSTART_AGENTS}", f"game.rounds={QUICKSTART_ROUNDS}", "arms.max_reasoning_tokens=24"]
 
 
 @pytest.fixture(scope="session")

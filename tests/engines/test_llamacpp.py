@@ -15,6 +15,7 @@ from engines.models import ModelError
 from prompts.answers import number_regex
 from prompts.context import game_context
 from prompts.render import render
+from tests.conftest import QUICKSTART_AGENTS, QUICKSTART_ROUNDS
 from tests.support.sql import q
 
 pytestmark = pytest.mark.llm
@@ -117,21 +118,22 @@ def test_an_unknown_model_is_named():
 
 
 def test_real_gemma_agents_play_the_quickstart_basic_and_chain_of_thought(quickstart):
-    """The session's quickstart run (10 agents × 3 rounds × basic and cot, 2 actors, shards of 5)."""
+    """The session's quickstart run (10 agents × 2 rounds × basic and cot, 2 actors, shards of 5)."""
+    guesses = QUICKSTART_AGENTS * QUICKSTART_ROUNDS  # per arm
     db, summary = quickstart
-    assert summary["rows_written"] == 10 * 3 * 2
+    assert summary["rows_written"] == guesses * 2
     assert q(db, "select count(*) from guesses where not valid") == [(0,)]
     assert q(db, "select count(*) from guesses where guess < 0 or guess > 100 or guess != round(guess)") == [(0,)]
     assert q(db, "select distinct engine, model from guesses") == [("llamacpp", "gemma-3-270m")]
     assert q(db, "select min(prompt_tokens) > 40, min(completion_tokens) >= 1, min(latency_s) > 0, min(attempts) from guesses") == [(True, True, True, 1)]
     rows = q(db, "select r.prompt_mode, count(*), count(g.reasoning), count(nullif(trim(g.reasoning), '')) from guesses g join runs r using (run_id) group by all order by 1")
-    assert rows[0] == ("basic", 30, 0, 0)
-    assert rows[1][:3] == ("cot", 30, 30) and rows[1][3] >= 22  # a base model may open with a blank line
+    assert rows[0] == ("basic", guesses, 0, 0)
+    assert rows[1][:3] == ("cot", guesses, guesses) and rows[1][3] >= 0.7 * guesses  # a base model may open with a blank line
     # Chain of thought spends more tokens: the reasoning's are counted too.
     tokens = dict(q(db, "select r.prompt_mode, avg(g.completion_tokens) from guesses g join runs r using (run_id) group by all"))
     assert tokens["cot"] > tokens["basic"]
     # Every round of both arms is stored.
-    assert q(db, "select count(distinct (run_id, round)) from guesses") == [(6,)]
+    assert q(db, "select count(distinct (run_id, round)) from guesses") == [(2 * QUICKSTART_ROUNDS,)]
 
 
 def test_a_mixture_of_gemma_and_the_simulated_engine(prefect_api, local_ray, db):

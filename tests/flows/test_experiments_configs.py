@@ -7,7 +7,7 @@ tokens. What plays, per kind of config:
 
 - ``quickstart.yaml`` plays on the engine it names, the real Gemma 3 270M on llama.cpp:
   the LLM is its point. Its run is the session's quickstart run (the ``quickstart``
-  fixture: 10 agents, 3 rounds, with its report page), checked here like every other
+  fixture: 10 agents, 2 rounds, with its report page), checked here like every other
   config's tiny run; this module shares that run's xdist group (tests/conftest.py).
 - ``models.yaml`` plays on the engines it names: Gemma 3 270M and SmolLM2 135M Instruct on
   llama.cpp, alone and in their mixture; both models must be in the stored guesses. One

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import QUICKSTART, QUICKSTART_OVERRIDES, REPO
+from tests.conftest import QUICKSTART, QUICKSTART_AGENTS, QUICKSTART_OVERRIDES, QUICKSTART_ROUNDS, REPO
 from tests.support.sql import q
 
 
@@ -24,7 +24,7 @@ def sets(overrides: list[str]) -> list[str]:
 @pytest.mark.llm
 @pytest.mark.slow
 def test_the_plan_of_the_quickstart_matches_a_real_run(tmp_path, quickstart):
-    """The plan of the session's quickstart run (10 agents × 3 rounds × basic: 1 phase, cot: 2
+    """The plan of the session's quickstart run (10 agents × 2 rounds × basic: 1 phase, cot: 2
     phases) against the tokens that run stored."""
     db, _ = quickstart
     planned_db = tmp_path / "plan.duckdb"
@@ -32,14 +32,14 @@ def test_the_plan_of_the_quickstart_matches_a_real_run(tmp_path, quickstart):
     assert result.returncode == 0, result.stderr
     rows = {r["prompt_mode"]: r for r in json.loads(result.stdout)}
     assert not planned_db.exists()  # a plan writes nothing
-    assert {mode: r["calls"] for mode, r in rows.items()} == {"basic": 10 * 3 * 1, "cot": 10 * 3 * 2}
+    assert {mode: r["calls"] for mode, r in rows.items()} == {"basic": QUICKSTART_AGENTS * QUICKSTART_ROUNDS, "cot": QUICKSTART_AGENTS * QUICKSTART_ROUNDS * 2}
     assert all(r["seconds"] and r["seconds"] > 0 for r in rows.values())
 
     stored = q(db, "select r.prompt_mode, sum(g.prompt_tokens), sum(g.completion_tokens), count(*) "
                    "from guesses g join runs r using (run_id) group by 1")
     assert {mode for mode, *_ in stored} == set(rows)
     for mode, prompt_tokens, completion_tokens, guesses in stored:
-        assert guesses == 30
+        assert guesses == QUICKSTART_AGENTS * QUICKSTART_ROUNDS
         plan = rows[mode]
         assert plan["prompt_tokens"] == pytest.approx(prompt_tokens, rel=0.2), (mode, plan, prompt_tokens)
         assert plan["completion_tokens"] == pytest.approx(completion_tokens, rel=0.2), (mode, plan, completion_tokens)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO
+from tests.conftest import QUICKSTART_ROUNDS, REPO
 from tests.reports.browser import CHROMIUM, Chromium
 
 pytestmark = pytest.mark.llm  # the quickstart's agents are the real Gemma 3 270M
@@ -62,7 +62,7 @@ def test_no_console_errors(page):
 
 def test_every_plot_renders(page):
     plots = page["plots"]
-    assert page["figures"] >= 2 * 3 + 2 + 3  # histograms per arm and round, convergence, comparisons
+    assert page["figures"] >= 2 * QUICKSTART_ROUNDS + 2 + 3  # histograms per arm and round, convergence, comparisons
     assert len(plots) == page["figures"]
     assert all(p["shown"] and p["inked"] > 100 for p in plots), plots
 
@@ -77,14 +77,14 @@ def test_key_numbers_are_on_the_page(quickstart, page):
     path, _ = quickstart
     with duckdb.connect(str(path), read_only=True) as con:
         rounds = con.execute("select round, target, mean, winning_guess from rounds order by run_id, round").fetchall()
-    assert len(rounds) == 6
+    assert len(rounds) == 2 * QUICKSTART_ROUNDS
     for round_, target, mean, winning in rounds:
         for value in (target, mean, winning):
             assert f"{value:,.2f}" in page["text"], (round_, value)
     for words in ("Nagel (1995)", "36.73", "llamacpp", "Arms", "Population (10 agents)"):
         assert words in page["text"], words
     # plot titles are drawn on the canvases: they are in the page's document
-    for title in ("Convergence across rounds: arm 0", "Round 3: guesses", "Mean guess per round by prompt mode",
+    for title in ("Convergence across rounds: arm 0", f"Round {QUICKSTART_ROUNDS}: guesses", "Mean guess per round by prompt mode",
                   "Mean guess by education", "Invalid answers by arm", "Mean latency per guess by arm"):
         assert title in page["html"], title
 
@@ -98,8 +98,8 @@ def test_reasoning_sections_show_the_stored_analyses(quickstart, page):
         fits = con.execute("SELECT tau, fit FROM cognitive_hierarchy_fit WHERE attribute IS NULL").fetchall()
         pairs = con.execute("SELECT mean_difference, factor FROM paired_comparisons").fetchall()
         picks = con.execute("SELECT pick, agent_id, reasoning FROM reasoning_highlights").fetchall()
-    assert len(fits) == 2 * 3 and all((f"{t:.2f}" in text) if t is not None else fit == "no τ fits" for t, fit in fits)
-    assert len(pairs) == 3 and {f for _, f in pairs} == {"prompt mode"}  # basic vs cot, every round
+    assert len(fits) == 2 * QUICKSTART_ROUNDS and all((f"{t:.2f}" in text) if t is not None else fit == "no τ fits" for t, fit in fits)
+    assert len(pairs) == QUICKSTART_ROUNDS and {f for _, f in pairs} == {"prompt mode"}  # basic vs cot, every round
     # The quickstart's answers come from exact distributions: their expected answer per education level.
     with duckdb.connect(str(path), read_only=True) as con:
         exact = con.execute("SELECT count(*) FROM exact_answers_by_attribute WHERE attribute = 'education' AND round = 1").fetchall()

@@ -157,6 +157,13 @@ def watch(parent_pid: int, parent_created: float, record: Path, command: str) ->
         except psutil.Error:  # gone
             break
     left = [p for pid, created, _ in seen.values() if (p := _alive(pid, created)) is not None]
+    # Started since the last look (a worker a raylet spawned a moment ago): still a descendant
+    # of a process seen before, though the parent it hung from is gone.
+    for proc in list(left):
+        try:
+            left += [c for c in proc.children(recursive=True) if c.pid != me and c not in left]
+        except psutil.Error:
+            continue
     try:
         end(left)
     finally:

@@ -44,6 +44,10 @@ EDUCATION = ["Elementary School", "High School", "Bachelor's Degree", "Master's 
 #: last line opens the assistant's turn, as every game prompt's cue does (``split_cues``).
 SHORT = "Pick a number from 0 to 100.\nMy number is:"
 CONSTRAINT = Constraint(0, 100, True)
+#: The chi-square test's game: a narrower range, so each per-agent draw (the test's cost) is at
+#: most two tokens, and as much power against T 1.0 as 0–100 has at the same draws.
+TINY = "Pick a number from 0 to 10.\nMy number is:"
+TINY_CONSTRAINT = Constraint(0, 10, True)
 ALPHA = 0.001
 
 
@@ -64,14 +68,14 @@ def seeds(n: int, label: str) -> np.ndarray:
     return (agent_seeds(7, np.arange(n), label) & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
-def chat_batch(prompts: list[str], seed: np.ndarray, sampling: Sampling) -> RequestBatch:
+def chat_batch(prompts: list[str], seed: np.ndarray, sampling: Sampling, constraint: Constraint = CONSTRAINT) -> RequestBatch:
     """Game prompts as the actor sends them to a chat model: the cue line opens the assistant's turn."""
     users, openings = split_cues(prompts)
-    return RequestBatch(np.arange(len(prompts)), users, seed, sampling, CONSTRAINT, opening=openings)
+    return RequestBatch(np.arange(len(prompts)), users, seed, sampling, constraint, opening=openings)
 
 
-def shared_distribution(engine, prompt: str, sampling: Sampling) -> dict[str, float]:
-    frame = engine.generate(chat_batch([prompt], seeds(1, "d"), sampling)).distributions
+def shared_distribution(engine, prompt: str, sampling: Sampling, constraint: Constraint = CONSTRAINT) -> dict[str, float]:
+    frame = engine.generate(chat_batch([prompt], seeds(1, "d"), sampling, constraint)).distributions
     return dict(zip(frame["answer"], frame["probability"]))
 
 
@@ -228,11 +232,11 @@ PER_AGENT_DRAWS, SHARED_DRAWS = 1000, 5000
 
 
 def per_agent_draws(lo: int, hi: int, m: int, sampling: Sampling) -> list[str]:
-    """Draws ``lo..hi`` of ``m`` per-agent draws of SHORT, in a fresh process: an engine with
+    """Draws ``lo..hi`` of ``m`` per-agent draws of TINY, in a fresh process: an engine with
     ``shared_context: false`` (llama.cpp's own sampler and grammar, once per agent)."""
     engine = build_engine(parse_spec({"kind": "llamacpp", "model": MODEL, "num_cpus": 1, "shared_context": False}))
     try:
-        out = engine.generate(chat_batch([SHORT] * (hi - lo), seeds(m, "per-agent")[lo:hi], sampling))
+        out = engine.generate(chat_batch([TINY] * (hi - lo), seeds(m, "per-agent")[lo:hi], sampling, TINY_CONSTRAINT))
     finally:
         engine.close()
     assert out.shared_prompt is None and not any(out.error)  # the per-agent path, every draw answered
@@ -241,13 +245,13 @@ def per_agent_draws(lo: int, hi: int, m: int, sampling: Sampling) -> list[str]:
 
 @pytest.mark.slow
 def test_shared_draws_and_per_agent_draws_are_one_distribution(engine):
-    """1,000 per-agent draws against 5,000 shared ones, both at T 0.7; then against 5,000 shared
+    """1,000 per-agent draws of the 0–10 game against 5,000 shared ones, both at T 0.7; then against 5,000 shared
     draws at T 1.0, which must be rejected. Before any draw, the power of the test against T 1.0
     is computed from the two exact distributions and must be at least 0.99, so a sample shrunk
     too far fails here; the total-variation distance detected at this size is printed."""
     m, n = PER_AGENT_DRAWS, SHARED_DRAWS
     sampling, hotter = Sampling(0.7, 8), Sampling(1.0, 8)
-    p, q = shared_distribution(engine, SHORT, sampling), shared_distribution(engine, SHORT, hotter)
+    p, q = shared_distribution(engine, TINY, sampling, TINY_CONSTRAINT), shared_distribution(engine, TINY, hotter, TINY_CONSTRAINT)
     tv = 0.5 * sum(abs(p.get(a, 0.0) - q.get(a, 0.0)) for a in set(p) | set(q))
     against_hotter, lam, df = power(p, m, q, n)
     detected = {x: detectable_tv(p, m, n, x) for x in (0.9, 0.99)}
@@ -261,8 +265,8 @@ def test_shared_draws_and_per_agent_draws_are_one_distribution(engine):
         parts = [pool.submit(per_agent_draws, lo, hi, m, sampling) for lo, hi in ((0, m // 2), (m // 2, m))]
         a = [text for part in parts for text in part.result()]
     print(f"{m} per-agent draws on two cores: {time.perf_counter() - start:.0f} s")
-    shared = engine.generate(chat_batch([SHORT] * n, seeds(n, "shared"), sampling))
-    hot = engine.generate(chat_batch([SHORT] * n, seeds(n, "shared"), hotter))
+    shared = engine.generate(chat_batch([TINY] * n, seeds(n, "shared"), sampling, TINY_CONSTRAINT))
+    hot = engine.generate(chat_batch([TINY] * n, seeds(n, "shared"), hotter, TINY_CONSTRAINT))
     a, b, c = (np.array(x, dtype=object).astype(str) for x in (a, shared.text, hot.text))
     stat, df = chi_square(a, b)
     print(f"{m} per-agent vs {n} shared draws (T 0.7): chi2 = {stat:.1f}, df = {df}, critical (alpha {ALPHA}) = {chi2.isf(ALPHA, df):.1f}")

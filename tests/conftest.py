@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 
 # Prefect reads its settings at import: point it at a throwaway home first.
@@ -39,10 +38,9 @@ def prefect_api(tmp_path_factory):
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    from tests.support.prefect_db import migrated
+    from tests.support.prefect_db import seed_home
 
-    folder = tmp_path_factory.mktemp("prefect-api")
-    shutil.copyfile(migrated(tmp_path_factory), folder / "prefect-test.db")  # the harness's file name in its folder
+    folder = seed_home(tmp_path_factory.mktemp("prefect-api"), tmp_path_factory, name="prefect-test.db")  # the harness's file
     # A loaded machine can take minutes to start it: the usual setting changes the wait (default 180 s).
     with mock.patch("prefect.testing.utilities.mkdtemp", lambda: str(folder)), \
             prefect_test_harness(server_startup_timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 180))):

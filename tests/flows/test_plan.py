@@ -32,14 +32,15 @@ def test_the_plan_of_the_quickstart_matches_a_real_run(tmp_path, quickstart):
     assert result.returncode == 0, result.stderr
     rows = {r["prompt_mode"]: r for r in json.loads(result.stdout)}
     assert not planned_db.exists()  # a plan writes nothing
-    assert {mode: r["calls"] for mode, r in rows.items()} == {"basic": QUICKSTART_AGENTS * QUICKSTART_ROUNDS, "cot": QUICKSTART_AGENTS * QUICKSTART_ROUNDS * 2}
+    per_arm = QUICKSTART_AGENTS * QUICKSTART_ROUNDS  # guesses
+    assert {mode: r["calls"] for mode, r in rows.items()} == {"basic": per_arm, "cot": per_arm * 2}
     assert all(r["seconds"] and r["seconds"] > 0 for r in rows.values())
 
     stored = q(db, "select r.prompt_mode, sum(g.prompt_tokens), sum(g.completion_tokens), count(*) "
                    "from guesses g join runs r using (run_id) group by 1")
     assert {mode for mode, *_ in stored} == set(rows)
     for mode, prompt_tokens, completion_tokens, guesses in stored:
-        assert guesses == QUICKSTART_AGENTS * QUICKSTART_ROUNDS
+        assert guesses == per_arm
         plan = rows[mode]
         assert plan["prompt_tokens"] == pytest.approx(prompt_tokens, rel=0.2), (mode, plan, prompt_tokens)
         assert plan["completion_tokens"] == pytest.approx(completion_tokens, rel=0.2), (mode, plan, completion_tokens)

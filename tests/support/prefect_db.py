@@ -41,8 +41,8 @@ def migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home / NAME
 
 
-def seed_home(home: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``home`` (made if missing) holding a copy of the migrated database; returns ``home``."""
+def seed_home(home: Path, tmp_path_factory: pytest.TempPathFactory, name: str = NAME) -> Path:
+    """``home`` (made if missing) holding a copy of the migrated database as ``name``; returns ``home``."""
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(migrated(tmp_path_factory), home / NAME)
+    shutil.copyfile(migrated(tmp_path_factory), home / name)
     return home

@@ -11,8 +11,9 @@ tokens. What plays, per kind of config:
   config's tiny run; this module shares that run's xdist group (tests/conftest.py).
 - ``models.yaml`` plays on the engines it names: Gemma 3 270M and SmolLM2 135M Instruct on
   llama.cpp, alone and in their mixture; both models must be in the stored guesses. One
-  round: the quickstart plays round 2 here, and tests/engines/test_prompt_formats.py plays
-  the two models' mixture for two rounds.
+  round, of numbers from 0 to 10 (each prompt's answer tree 11 answers instead of 101): the
+  quickstart plays round 2 and the whole 0–100 range, and tests/engines/test_prompt_formats.py
+  plays the two models' mixture for two rounds.
 - Every other config is checked for its wiring (arms, prompt modes, games, rounds,
   groups, mixtures, backstories, what is stored): each LLM engine it names becomes a
   stand-in, the ``simulated`` engine's ``cognitive_hierarchy`` rule with noise (a
@@ -61,7 +62,7 @@ LLM_KINDS = {"llamacpp", "vllm", "openai"}
 REAL_LLM = {"experiments/quickstart.yaml", "experiments/models.yaml"}
 #: The config whose run is the session's quickstart run (see the module docstring).
 SESSION_RUN = "experiments/quickstart.yaml"
-#: Configs played for one round only (see the module docstring).
+#: Configs played for one round only, of numbers from 0 to 10 (see the module docstring).
 ONE_ROUND = {"experiments/models.yaml"}
 #: Configs whose tiny run also builds its report page, and the comparison that page must draw.
 REPORTED = {
@@ -86,6 +87,8 @@ def plan(config: str) -> tuple[list[str], list[dict], dict | None]:
         "arms.max_reasoning_tokens=8", f"game.rounds={1 if config in ONE_ROUND else min(data.get('game', {}).get('rounds', 1), MAX_ROUNDS)}",
         f"report.enabled={'true' if config in REPORTED else 'false'}",
     ]
+    if config in ONE_ROUND:
+        overrides.append("game.high=10")
     for i, game in enumerate(arms.get("games", [])):
         if game.get("rounds", 1) > MAX_ROUNDS:
             overrides.append(f"arms.games.{i}.rounds={MAX_ROUNDS}")

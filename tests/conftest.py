@@ -23,7 +23,9 @@ os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 # One thread per process: the suite's two workers already keep both cores busy, and torch's
 # OpenMP threads (vLLM on CPU) spin at every barrier while the other worker holds the core they
-# wait for: a vLLM batch measured 24.1 s on two threads against 14.5 s on one, beside a busy core.
+# wait for: a vLLM batch measured 24.1 s on two threads against 14.5 s on one, beside a busy core;
+# experiments/vllm_cpu.yaml's round 190 s against 87 s. Ray leaves a set OMP_NUM_THREADS alone, so
+# actors with num_cpus 2 run one thread too.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pathlib import Path

@@ -44,10 +44,6 @@ OVERRIDES = [
     "arms.engines.0.kv_cache_gib=0.25",
     "arms.engines.0.max_num_seqs=8",
     "report.enabled=false",
-    # One thread, as everywhere in the suite (tests/conftest.py): the config's two OpenMP threads,
-    # bound to both cores while the suite's other worker keeps one busy, made this flow take
-    # 190 s instead of 87 s (measured beside one busy core).
-    "arms.engines.0.num_cpus=1",
 ]
 
 

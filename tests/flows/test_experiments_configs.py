@@ -62,8 +62,8 @@ LLM_KINDS = {"llamacpp", "vllm", "openai"}
 REAL_LLM = {"experiments/quickstart.yaml", "experiments/models.yaml"}
 #: The config whose run is the session's quickstart run (see the module docstring).
 SESSION_RUN = "experiments/quickstart.yaml"
-#: Configs played for one round only, of numbers from 0 to 10 (see the module docstring).
-ONE_ROUND = {"experiments/models.yaml"}
+#: Configs played as a short game: one round, of numbers from 0 to 10 (see the module docstring).
+SHORT_GAME = {"experiments/models.yaml"}
 #: Configs whose tiny run also builds its report page, and the comparison that page must draw.
 REPORTED = {
     "experiments/models.yaml": "Mean guess per round by model",  # two real models, alone and mixed
@@ -84,10 +84,10 @@ def plan(config: str) -> tuple[list[str], list[dict], dict | None]:
     arms = data.get("arms", {})
     overrides = [
         f"population.size={SIZE}", "workers.actors=1", f"workers.shard_size={SIZE}", "workers.ray_address=null",
-        "arms.max_reasoning_tokens=8", f"game.rounds={1 if config in ONE_ROUND else min(data.get('game', {}).get('rounds', 1), MAX_ROUNDS)}",
+        "arms.max_reasoning_tokens=8", f"game.rounds={1 if config in SHORT_GAME else min(data.get('game', {}).get('rounds', 1), MAX_ROUNDS)}",
         f"report.enabled={'true' if config in REPORTED else 'false'}",
     ]
-    if config in ONE_ROUND:
+    if config in SHORT_GAME:
         overrides.append("game.high=10")
     for i, game in enumerate(arms.get("games", [])):
         if game.get("rounds", 1) > MAX_ROUNDS:

@@ -34,3 +34,12 @@ def ratio_of_printed(ratio: float, top: float, bottom: float, half_step: float =
     low = (top - half_step) / (bottom + half_step) - half_step
     high = (top + half_step) / max(bottom - half_step, 1e-9) + half_step
     return low <= ratio <= high
+
+
+def rate_of_printed(rate: float, count: float, wall: float, rate_half: float, wall_half: float = 0.05) -> bool:
+    """Whether a printed rate is ``count / wall`` for a wall printed to ``wall_half`` (0.05: one
+    decimal) and the rate printed to ``rate_half``: a wall of 1.04 s prints as 1.0 beside a rate
+    of 1.9 for two answers."""
+    low = count / (wall + wall_half) - rate_half
+    high = count / max(wall - wall_half, 1e-9) + rate_half
+    return low <= rate <= high

@@ -187,7 +187,7 @@ def run_one(n: int, latency_s: float, args, workdir: Path, sampler: MemorySample
 
 def start_ray(args) -> tuple[str | None, object | None, float]:
     """A local Ray (or a local multi-node cluster); returns (address, cluster, seconds)."""
-    from tasks.play import ensure_ray
+    from tasks.pool import ensure_ray
 
     start = time.perf_counter()
     if args.nodes > 1:

@@ -1,7 +1,9 @@
-"""The Prefect flow ``experiment``: config → personas → rounds of play → warehouse.
+"""The Prefect flow ``experiment``: config → personas → for each arm and round: play →
+environment → store → report.
 
-The flow only calls the stages in order, each one call to its task in ``tasks/``
-(personas, play, store's load, environment, store, report). Rerunning
+The flow calls the stages in order, each in its module in ``tasks/`` (personas, play,
+environment, store, report), and publishes what the Prefect UI shows (``flows/monitor``);
+every write to the warehouse is the store stage's (``tasks/store.py``). Rerunning
 the same config resumes: finished rounds are skipped, missing shards are played, no
 row is written twice. With ``continue: true`` each run plays only the next round.
 """
@@ -22,41 +24,13 @@ from flows import monitor
 from flows.config import ConfigError, ExperimentConfig
 from flows.failures import one_line_failures
 from flows.loading import load_config
-from tasks import progress
-from tasks.environment import environment, group_environments
-from tasks.personas import personas_stage
-from tasks.play import ensure_ray, play_round, shutdown_pools, warm_pool
-from tasks.report import report_stage
+from tasks import progress, store
 from tasks.budget import check_context
-from tasks.store import load_round, store_outcome
-from warehouse.store import Warehouse
-
-
-def run_row(config: ExperimentConfig, arm: Arm, prompting: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``runs`` row of an arm (``prompting``: its engine's resolved prompt format)."""
-    rule = arm.rule
-    return {
-        "run_id": arm.run_id,
-        "experiment_id": config.experiment_id,
-        "arm": arm.index,
-        "engine": arm.engine.kind,
-        "model": arm.engine.model_name,
-        "prompt_mode": arm.prompt_mode,
-        "temperature": arm.temperature,
-        "ratio": rule.ratio,
-        "ratio_value": float(rule.fraction),
-        "offset": rule.offset,
-        "low": rule.low,
-        "high": rule.high,
-        "answers": rule.answers,
-        "tolerance": rule.tolerance,
-        "rounds": rule.rounds,
-        "equilibrium": rule.equilibrium,
-        "spec": arm.engine.model_dump(mode="json"),
-        "prompting": prompting if prompting is not None else arm.engine.prompting(),
-        "sampling": arm.sampling.model_dump(mode="json"),
-        "status": "running",
-    }
+from tasks.environment import environment, group_environments
+from tasks.personas import experiment_personas
+from tasks.play import play_round
+from tasks.pool import ensure_ray, shutdown_pools, warm_pool
+from tasks.report import report_stage
 
 
 def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, dict[str, Any]]:
@@ -112,7 +86,7 @@ def _flow_run_name() -> str:
     if not cfg.continue_:
         return f"{head} × {cfg.game.rounds} round(s)"
     try:  # read-only and brief: a name is not worth waiting for a busy warehouse
-        finished = Warehouse(cfg.db, lock_timeout_s=2).finished_rounds([a.run_id for a in arms], read_only=True)
+        finished = store.finished_rounds(store.open_warehouse(cfg.db, lock_timeout_s=2), [a.run_id for a in arms], read_only=True)
     except Exception:
         return f"{head}, next round"
     todo = [r[0] for r in round_plan(cfg, arms, finished).values() if r]
@@ -137,9 +111,9 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     """
     cfg = load_config(config, list(overrides or []) + ([f"db={db}"] if db else []))
     logger = get_run_logger()
-    warehouse = Warehouse(cfg.db)
+    warehouse = store.open_warehouse(cfg.db)
     arms = cfg.arms_list()
-    finished = warehouse.finished_rounds([a.run_id for a in arms])
+    finished = store.finished_rounds(warehouse, [a.run_id for a in arms])
     plan = round_plan(cfg, arms, finished)
     summary: dict[str, Any] = {
         "experiment_id": cfg.experiment_id, "db": str(cfg.db), "arms": len(arms),
@@ -148,7 +122,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     if not any(plan.values()):
         # Nothing to play (e.g. a scheduled `continue: true` experiment that reached game.rounds):
         # end at once, without starting Ray, and say so where the user looks (log and state).
-        _close_statuses(warehouse, cfg, arms)
+        store.close_statuses(warehouse, cfg.experiment_id, [a.run_id for a in arms])
         message = (
             f"experiment {cfg.experiment_id} is complete: all {cfg.game.rounds} round(s) of {len(arms)} arm(s) "
             f"are in {cfg.db}; nothing to play"
@@ -158,8 +132,8 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         return Completed(message=message, data=summary)  # type: ignore[return-value]
 
     prompting = check_prompting(cfg, arms)
-    warehouse.begin_experiment(
-        cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
+    store.begin_experiment(
+        warehouse, cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
     try:
         if not cfg.population.backstories.enabled:
@@ -168,10 +142,13 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
             first = next(a for a in arms if plan[a.run_id])
             warm_pool(first, cfg.population.size, cfg.workers.actors, cfg.workers.shard_size)
-        personas = _personas(cfg, warehouse)
+        personas = experiment_personas(
+            cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
+            cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
+        )
         if cfg.groups is not None:
             personas = personas.with_columns(cfg.groups.assign(personas, cfg.seed))
-            warehouse.write_groups(cfg.experiment_id, personas.select("agent_id", "group"))
+            store.store_groups(warehouse, cfg.experiment_id, personas.select("agent_id", "group"))
         for arm in arms:
             try:
                 check_prompt_inputs(arm, personas)
@@ -185,8 +162,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         if ray_info.get("dashboard_url"):
             print(f"Ray dashboard: {monitor.publish_dashboard(ray_info['dashboard_url'])}")
             summary["dashboard_url"] = ray_info["dashboard_url"]
-        for arm in arms:
-            warehouse.begin_run(run_row(cfg, arm, prompting[arm.run_id]))
+        store.begin_runs(warehouse, [store.run_row(cfg.experiment_id, arm, prompting[arm.run_id]) for arm in arms])
         monitor.publish_report(cfg.experiment_id)  # the live page, when a report server runs
         since = datetime.now(timezone.utc)
         # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
@@ -202,7 +178,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     finally:
         shutdown_pools()
     summary["complete"] = all(summary["rounds"][a.run_id]["complete"] for a in arms)
-    warehouse.finish_experiment(cfg.experiment_id, "completed" if summary["complete"] else "waiting")
+    store.finish_experiment(warehouse, cfg.experiment_id, "completed" if summary["complete"] else "waiting")
     # Stage 5: the report page, linked in the UI. A failed report loses nothing: the
     # guesses are stored and `keynes report` can build the page later.
     summary["report"] = None
@@ -221,48 +197,26 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     return summary
 
 
-def _personas(cfg: ExperimentConfig, warehouse: Warehouse):
-    """Stage 1: the experiment's personas, stored by the (cached) personas stage and read back."""
-    args = (
-        cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
-        cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
-    )
-    personas_stage(*args)
-    personas = warehouse.read_personas(cfg.experiment_id)
-    if personas.height != cfg.population.size:  # a cached stage, but its rows are gone from the file
-        personas_stage.with_options(refresh_cache=True)(*args)
-        personas = warehouse.read_personas(cfg.experiment_id)
-    return personas
-
-
 def _play_arm(
-    cfg: ExperimentConfig, arm: Arm, rounds: list[int], finished: set[int], personas, warehouse: Warehouse,
+    cfg: ExperimentConfig, arm: Arm, rounds: list[int], finished: set[int], personas, warehouse: store.Warehouse,
     summary: dict[str, Any], since: datetime,
 ) -> None:
+    """Play an arm's rounds of this run: play → environment → store, each round's outcome published."""
     for round_ in rounds:
         start = time.perf_counter()
         played = play_round(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
-        guesses = load_round(warehouse, arm.run_id, round_, personas.height)
+        guesses = store.load_round(warehouse, arm.run_id, round_, personas.height)
         result = environment(arm.run_id, round_, guesses, arm.rule)
         groups = (
             group_environments(arm.run_id, round_, guesses, personas.select("agent_id", "group"), arm.rule)
             if "group" in personas.columns else None
         )
         seconds = time.perf_counter() - start
-        store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
+        store.store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
         monitor.publish_round(arm, round_, result, seconds)
         monitor.publish_workers(warehouse, cfg.experiment_id, since)
         summary["rounds_played"] += 1
         summary["rows_written"] += played["written"]
     complete = finished.union(rounds) >= set(range(1, arm.rule.rounds + 1))
     summary["rounds"][arm.run_id] = {"played": rounds, "complete": complete}
-    warehouse.finish_run(arm.run_id, "completed" if complete else "waiting")
-
-
-def _close_statuses(warehouse: Warehouse, cfg: ExperimentConfig, arms: list[Arm]) -> None:
-    """Mark a fully played experiment completed if a crash left it marked otherwise."""
-    statuses = warehouse.statuses(cfg.experiment_id)
-    if statuses and statuses != {"completed"}:
-        for arm in arms:
-            warehouse.finish_run(arm.run_id)
-        warehouse.finish_experiment(cfg.experiment_id)
+    store.finish_run(warehouse, arm.run_id, "completed" if complete else "waiting")

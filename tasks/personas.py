@@ -87,6 +87,30 @@ def personas_stage(
     return {"experiment_id": experiment_id, "agents": size, "sampled": True, **({"backstories": counts} if counts else {})}
 
 
+def experiment_personas(
+    experiment_id: str,
+    spec: PopulationSpec,
+    size: int,
+    seed: int,
+    warehouse: Warehouse,
+    backstories: BackstoryConfig | None = None,
+    actors: int = 1,
+    ray_address: str | None = None,
+    dashboard: bool = False,
+) -> pl.DataFrame:
+    """Stage 1 for the flow: the experiment's personas, stored by the (cached) stage and read back.
+
+    A cached stage whose rows are gone from the file (a replaced warehouse) runs again.
+    """
+    args = (experiment_id, spec, size, seed, warehouse, backstories, actors, ray_address, dashboard)
+    personas_stage(*args)
+    personas = warehouse.read_personas(experiment_id)
+    if personas.height != size:
+        personas_stage.with_options(refresh_cache=True)(*args)
+        personas = warehouse.read_personas(experiment_id)
+    return personas
+
+
 def make_personas(
     spec: PopulationSpec,
     size: int,
@@ -174,7 +198,7 @@ def _generate(
     dashboard: bool,
 ) -> tuple[int, int]:
     """Generate the missing backstories on Ray workers; return (written, failed)."""
-    from tasks.play import WorkerPool, ensure_ray  # Ray only when something is generated
+    from tasks.pool import WorkerPool, ensure_ray  # Ray only when something is generated
 
     ensure_ray(ray_address, dashboard)
     sampling = Sampling(settings.temperature, settings.max_tokens)

@@ -9,161 +9,26 @@ crash and Ray retries their shard.
 
 from __future__ import annotations
 
-import logging
-import os
 import time
-from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import polars as pl
-import ray
 from prefect import task
 from prefect.cache_policies import NONE
 
 from core.arms import Arm
 from engines import EngineSpec
-from engines.limits import ensure_shared
 from engines.mixture import MixtureSpec, shard_index
 from prompts.context import game_context, groups_context, population_context
 from tasks import progress
-from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
+from tasks.actor import ShardJob, ShardResult
+from tasks.pool import check_resources, pool_for, run_pools
 from tasks.retries import ON_TRANSIENT_ERRORS
 from tasks.store import commit_shards
 from warehouse.store import Warehouse
 
-__all__ = ["WorkerPool", "ensure_ray", "play_round", "run_pools", "shutdown_pools", "warm_pool"]
-
-log = logging.getLogger(__name__)
-
-#: Shards in flight per actor: one playing, one queued so the actor never waits for data.
-IN_FLIGHT_PER_ACTOR = 2
-
-
-_RAY: dict[str, Any] = {}
-
-
-def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
-    """Join a Ray cluster (``address``) or start a local Ray; idempotent.
-
-    Returns what is known of the cluster: ``address`` and ``dashboard_url`` (or None).
-    A local Ray gets the machine's CPU count unless ``num_cpus`` says otherwise.
-    """
-    if not ray.is_initialized():
-        # Ray 2.60 turns on token authentication by default; a local Ray on this machine
-        # needs none (set RAY_AUTH_MODE yourself to keep it).
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        kwargs: dict[str, Any] = {"ignore_reinit_error": True, "logging_level": logging.WARNING}
-        if address:
-            kwargs["address"] = address
-        else:
-            # "local": a new Ray of our own, never a cluster someone else started on this machine.
-            kwargs["address"] = "local"
-            kwargs["num_cpus"] = num_cpus or os.cpu_count() or 2
-            kwargs["include_dashboard"] = dashboard
-            kwargs["object_store_memory"] = 1 << 30
-        context = ray.init(**kwargs)
-        _RAY.update(address=context.address_info.get("address"), dashboard_url=context.dashboard_url or None)
-    return dict(_RAY)
-
-
-class WorkerPool:
-    """A fixed pool of ``AgentWorker`` actors for one engine spec."""
-
-    def __init__(self, spec: EngineSpec, actors: int):
-        self.spec = spec
-        options = {
-            "num_cpus": spec.num_cpus,
-            "num_gpus": spec.num_gpus,
-            "max_restarts": 3,
-            "max_task_retries": 3,
-            "scheduling_strategy": "SPREAD",
-        }
-        ensure_shared(spec)  # an engine's rate limits, shared by its actors, belong to this driver
-        self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
-
-    def run(self, jobs: list[Any], on_done: Callable[[list[tuple[Any, Any]]], None], method: str = "play") -> None:
-        """Play every job (or pass each to the actors' ``method``), calling ``on_done`` in
-        the driver with the (job, result) pairs that finished since its last call."""
-        run_pools([(self, jobs)], on_done, method)
-
-    def shutdown(self, close_timeout_s: float = 10.0) -> None:
-        """Close every actor's engine (briefly: a hung engine does not hold up the run), then kill it."""
-        try:
-            ray.get([actor.close.remote() for actor in self.actors], timeout=close_timeout_s)
-        except Exception as exc:  # a dead or hung actor is killed all the same
-            log.debug("closing engines: %s", exc)
-        for actor in self.actors:
-            ray.kill(actor)
-        self.actors = []
-
-
-def run_pools(
-    work: list[tuple[WorkerPool, list[ShardJob]]],
-    on_done: Callable[[list[tuple[ShardJob, ShardResult]]], None],
-    method: str = "play",
-) -> None:
-    """Play each pool's jobs on that pool, all pools at once (the engines of a mixture).
-
-    ``on_done`` runs in the driver with every (job, result) that finished since its last
-    call: while it commits one batch, the next accumulates (group commit), so the driver
-    keeps up with any number of actors. Freed actors get new jobs before it is called.
-    """
-    queues = [(pool, deque(jobs), [0] * len(pool.actors)) for pool, jobs in work]
-    running: dict[ray.ObjectRef, tuple[ShardJob, int, int]] = {}
-
-    def submit() -> None:
-        for p, (pool, pending, load) in enumerate(queues):
-            while pending:
-                index = min(range(len(load)), key=load.__getitem__)
-                if load[index] >= IN_FLIGHT_PER_ACTOR:
-                    break
-                job = pending.popleft()
-                running[getattr(pool.actors[index], method).remote(job)] = (job, p, index)
-                load[index] += 1
-
-    submit()
-    while running:
-        ray.wait(list(running), num_returns=1)
-        ready, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
-        results = ray.get(ready)
-        finished = []
-        for ref, result in zip(ready, results):
-            job, p, index = running.pop(ref)
-            queues[p][2][index] -= 1
-            finished.append((job, result))
-        submit()
-        on_done(finished)
-
-
-_POOLS: dict[str, WorkerPool] = {}
-
-
-def pool_for(spec: EngineSpec, actors: int) -> WorkerPool:
-    """The pool for this engine spec, created on first use and kept for later rounds."""
-    key = f"{spec.key}:{actors}"
-    if key not in _POOLS:
-        _POOLS[key] = WorkerPool(spec, actors)
-    return _POOLS[key]
-
-
-def warm_pool(arm: Arm, agents: int, actors: int, shard_size: int) -> None:
-    """Start the actors that will play ``arm`` now, so that their processes start (and
-    load their engine) while the driver does other work; ``play_round`` finds them.
-
-    Only for a plain engine, where the pool size is known from the population size
-    alone (a mixture's depends on how the agents are split).
-    """
-    if isinstance(arm.engine, MixtureSpec) or agents <= 0:
-        return
-    pool_for(arm.engine, min(actors, -(-agents // shard_size)))
-
-
-def shutdown_pools() -> None:
-    """Kill every actor of every pool (the engines with them)."""
-    for pool in _POOLS.values():
-        pool.shutdown()
-    _POOLS.clear()
+__all__ = ["play_round"]
 
 
 @task(name="play", cache_policy=NONE, retries=3, task_run_name="play-{arm.run_id}-round-{round_}", **ON_TRANSIENT_ERRORS)
@@ -215,7 +80,7 @@ def play_round(
 
     if jobs:
         used = sorted({c for c, _ in jobs})
-        _check_resources([specs[c] for c in used], [actor_counts[c] for c in used])
+        check_resources([specs[c] for c in used], [actor_counts[c] for c in used])
         run_pools([(pool_for(specs[c], actor_counts[c]), [j for k, j in jobs if k == c]) for c in used], commit)
     bar.finish()
     return {"agents": n, "shards": len(jobs), "written": written, "seconds": time.perf_counter() - start}
@@ -232,17 +97,3 @@ def _components(arm: Arm, personas: pl.DataFrame, seed: int, actors: int) -> tup
         component = arm.engine.assign(personas["agent_id"].to_numpy(), seed)
         return [c.engine for c in arm.engine.components], component, arm.engine.actors(actors)
     return [arm.engine], np.zeros(n, np.int64), [actors]
-
-
-def _check_resources(specs: list[EngineSpec], actors: list[int]) -> None:
-    """Engines of a mixture run at once: refuse, clearly, pools that can never all start."""
-    if len(specs) < 2:
-        return
-    have = ray.cluster_resources()
-    for resource, need in (("CPU", sum(s.num_cpus * a for s, a in zip(specs, actors))),
-                           ("GPU", sum(s.num_gpus * a for s, a in zip(specs, actors)))):
-        if need > have.get(resource, 0) + 1e-9:
-            raise ValueError(
-                f"arms.engines: the mixture's {sum(actors)} actors need {need:g} {resource}s at once and the Ray "
-                f"cluster has {have.get(resource, 0):g}; lower workers.actors or the components' num_{resource.lower()}s"
-            )

@@ -1,20 +1,105 @@
-"""Stage 4, store: every commit of a round — its shards as they finish, then its outcome.
+"""Stage 4, store: every write of an experiment to its warehouse, and what the flow reads back.
 
-Play hands each batch of finished shards to ``commit_shards`` (one transaction, keyed so
-a re-played shard writes nothing twice); once every agent's guess is stored the round's
-outcome and winners are committed in one transaction, exactly once.
+The experiment's and its arms' rows and statuses open and close a run; play hands each
+batch of finished shards to ``commit_shards`` (one transaction, keyed so a re-played shard
+writes nothing twice); once every agent's guess is stored the round's outcome and winners
+are committed in one transaction, exactly once. The flow holds the warehouse only as the
+handle ``open_warehouse`` returns and passes it on: it calls no warehouse method itself.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import polars as pl
 from prefect import task
 from prefect.cache_policies import NONE
 
+from core.arms import Arm
 from core.game import RoundOutcome
 from tasks.actor import ShardJob, ShardResult
 from tasks.retries import ON_TRANSIENT_ERRORS
 from warehouse.store import Warehouse
+
+__all__ = [
+    "Warehouse", "begin_experiment", "begin_runs", "close_statuses", "commit_shards", "finish_experiment",
+    "finish_run", "finished_rounds", "load_round", "open_warehouse", "run_row", "store_groups", "store_outcome",
+]
+
+
+def open_warehouse(db: str | Path, lock_timeout_s: float | None = None) -> Warehouse:
+    """The experiment's warehouse (a DuckDB file, created and migrated on first use)."""
+    return Warehouse(db) if lock_timeout_s is None else Warehouse(db, lock_timeout_s=lock_timeout_s)
+
+
+def finished_rounds(warehouse: Warehouse, run_ids: list[str], read_only: bool = False) -> dict[str, set[int]]:
+    """The rounds whose outcome is stored, per run."""
+    return warehouse.finished_rounds(run_ids, read_only=read_only)
+
+
+def run_row(experiment_id: str, arm: Arm, prompting: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``runs`` row of an arm (``prompting``: its engine's resolved prompt format)."""
+    rule = arm.rule
+    return {
+        "run_id": arm.run_id,
+        "experiment_id": experiment_id,
+        "arm": arm.index,
+        "engine": arm.engine.kind,
+        "model": arm.engine.model_name,
+        "prompt_mode": arm.prompt_mode,
+        "temperature": arm.temperature,
+        "ratio": rule.ratio,
+        "ratio_value": float(rule.fraction),
+        "offset": rule.offset,
+        "low": rule.low,
+        "high": rule.high,
+        "answers": rule.answers,
+        "tolerance": rule.tolerance,
+        "rounds": rule.rounds,
+        "equilibrium": rule.equilibrium,
+        "spec": arm.engine.model_dump(mode="json"),
+        "prompting": prompting if prompting is not None else arm.engine.prompting(),
+        "sampling": arm.sampling.model_dump(mode="json"),
+        "status": "running",
+    }
+
+
+def begin_experiment(
+    warehouse: Warehouse, experiment_id: str, name: str, config: dict[str, Any], config_hash: str, seed: int, population: int,
+) -> None:
+    """Record the experiment (status ``running``); a rerun keeps its first ``created_at``."""
+    warehouse.begin_experiment(experiment_id, name, config, config_hash, seed, population)
+
+
+def begin_runs(warehouse: Warehouse, runs: list[dict[str, Any]]) -> None:
+    """Record each arm's ``runs`` row (status ``running``), as ``run_row`` makes them."""
+    for run in runs:
+        warehouse.begin_run(run)
+
+
+def store_groups(warehouse: Warehouse, experiment_id: str, groups: pl.DataFrame) -> int:
+    """Record each agent's group (``agent_id``, ``group``) of a nested-environments experiment."""
+    return warehouse.write_groups(experiment_id, groups)
+
+
+def finish_run(warehouse: Warehouse, run_id: str, status: str = "completed") -> None:
+    """Set an arm's status: ``completed``, or ``waiting`` for its next round (``continue: true``)."""
+    warehouse.finish_run(run_id, status)
+
+
+def finish_experiment(warehouse: Warehouse, experiment_id: str, status: str = "completed") -> None:
+    """Set the experiment's status: ``completed`` or ``waiting``."""
+    warehouse.finish_experiment(experiment_id, status)
+
+
+def close_statuses(warehouse: Warehouse, experiment_id: str, run_ids: list[str]) -> None:
+    """Mark a fully played experiment completed if a crash left it marked otherwise."""
+    statuses = warehouse.statuses(experiment_id)
+    if statuses and statuses != {"completed"}:
+        for run_id in run_ids:
+            warehouse.finish_run(run_id)
+        warehouse.finish_experiment(experiment_id)
 
 
 def commit_shards(warehouse: Warehouse, finished: list[tuple[ShardJob, ShardResult]]) -> int:

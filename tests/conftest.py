@@ -68,7 +68,7 @@ def local_ray():
     """A real local Ray, told the machine's real CPU count (as ``keynes run`` starts it)."""
     import ray
 
-    from tasks.play import ensure_ray
+    from tasks.pool import ensure_ray
 
     ensure_ray()
     yield ray

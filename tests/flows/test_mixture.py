@@ -98,7 +98,7 @@ def test_bad_mixtures_are_named(override, message):
 
 
 def test_a_mixture_that_cannot_fit_the_cluster_is_refused(local_ray):
-    from tasks.play import _check_resources
+    from tasks.pool import check_resources
 
     have = int(local_ray.cluster_resources()["CPU"])
     spec = MixtureSpec.model_validate({"components": [
@@ -106,4 +106,4 @@ def test_a_mixture_that_cannot_fit_the_cluster_is_refused(local_ray):
         {"fraction": 0.5, "engine": {"kind": "simulated", "num_cpus": have}},
     ]})
     with pytest.raises(ValueError, match=rf"the mixture's 2 actors need {2 * have} CPUs at once and the Ray cluster has {have}"):
-        _check_resources([c.engine for c in spec.components], spec.actors(2))
+        check_resources([c.engine for c in spec.components], spec.actors(2))

@@ -25,7 +25,8 @@ import pytest
 
 from flows.experiment import experiment
 from flows.loading import load_config
-from tasks.play import play_round, pool_for, shutdown_pools
+from tasks.play import play_round
+from tasks.pool import pool_for, shutdown_pools
 from tests.reliability.test_worker_crash import CountingWarehouse
 from tests.support.sql import q
 

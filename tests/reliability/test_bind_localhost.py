@@ -33,7 +33,7 @@ def family():
 
 which = sys.argv[1]
 if which == "ray-dashboard":
-    from tasks.play import ensure_ray
+    from tasks.pool import ensure_ray
     info = ensure_ray(dashboard=True, num_cpus=1)
     port = int(info["dashboard_url"].rsplit(":", 1)[1])
     deadline = time.monotonic() + 120

@@ -18,7 +18,8 @@ from core.game import GameRule
 from engines.simulated import SimulatedSpec
 from populations.sampler import sample
 from populations.spec import load_spec
-from tasks.play import play_round, pool_for, shutdown_pools
+from tasks.play import play_round
+from tasks.pool import pool_for, shutdown_pools
 from warehouse.store import Warehouse
 
 N, SHARD, ACTORS = 400, 20, 2

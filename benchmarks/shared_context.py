@@ -29,14 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from populations.sampler import sample  # noqa: E402
-from populations.spec import load_spec  # noqa: E402
-from prompts.modes import FINAL_CUE  # noqa: E402
-from prompts.render import render  # noqa: E402
-from engines import Constraint, RequestBatch, Sampling, reason_and_answer  # noqa: E402
 from core.game import GameRule  # noqa: E402
 from core.seeds import agent_seeds  # noqa: E402
+from engines import Constraint, RequestBatch, Sampling, reason_and_answer  # noqa: E402
+from populations.sampler import sample  # noqa: E402
+from populations.spec import load_spec  # noqa: E402
 from prompts.context import agent_variables, game_context  # noqa: E402
+from prompts.modes import FINAL_CUE  # noqa: E402
+from prompts.render import render  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RULE = GameRule()

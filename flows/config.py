@@ -17,13 +17,13 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 import engines
-from core.arms import Arm
 from core.game import GameOverride, GameRule, Groups
 from engines import SamplingSettings
 from engines.mixture import MixtureSpec
 from populations.backstories import BackstoryConfig
 from populations.spec import PopulationSpec, SpecError, load_spec, parse_spec
 from prompts.modes import MODES, custom_mode
+from tasks.arms import Arm
 
 
 class ConfigError(ValueError):

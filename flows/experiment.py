@@ -19,12 +19,12 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Completed
 
-from core.arms import Arm, check_prompt_inputs
 from flows import monitor
 from flows.config import ConfigError, ExperimentConfig
 from flows.failures import one_line_failures
 from flows.loading import load_config
 from tasks import progress, store
+from tasks.arms import Arm, check_prompt_inputs
 from tasks.budget import check_context
 from tasks.environment import environment, group_environments
 from tasks.personas import experiment_personas

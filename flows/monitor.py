@@ -25,11 +25,10 @@ from prefect.artifacts import (
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 
-from reports.urls import page_url, report_base_url
-
-from core.arms import Arm
 from core.game import RoundOutcome
+from reports.urls import page_url, report_base_url
 from tasks import progress
+from tasks.arms import Arm
 from tasks.artifacts import artifact_key, safely
 from warehouse.store import Warehouse
 

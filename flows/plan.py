@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from core.arms import Arm
 from engines import EngineSpec
 from engines.mixture import MixtureSpec
 from flows.config import ExperimentConfig
@@ -24,6 +23,7 @@ from populations.sampler import sample
 from prompts.context import agent_variables, game_context, groups_context, population_context
 from prompts.modes import FINAL_CUE
 from prompts.render import render
+from tasks.arms import Arm
 
 #: Agents whose prompts are rendered and counted (evenly spread over the population).
 SAMPLE = 24

@@ -19,7 +19,6 @@ import numpy as np
 import polars as pl
 import ray
 
-from core.arms import Arm
 from core.seeds import agent_seeds
 from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine, reason_and_answer
 from prompts.answers import parse_answers
@@ -27,6 +26,7 @@ from prompts.chat import split_cues
 from prompts.context import agent_variables
 from prompts.modes import FINAL_CUE
 from prompts.render import render
+from tasks.arms import Arm
 
 
 class _ArrowPickled:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from core.arms import Arm
 from prompts.context import agent_variables, game_context, groups_context, population_context
 from prompts.render import render
+from tasks.arms import Arm
 
 #: Distinct prompts counted per arm: the longest by characters (a million personas may
 #: render a million distinct prompts; tokens grow with characters).

@@ -17,12 +17,12 @@ import polars as pl
 from prefect import task
 from prefect.cache_policies import NONE
 
-from core.arms import Arm
 from engines import EngineSpec
 from engines.mixture import MixtureSpec, shard_index
 from prompts.context import game_context, groups_context, population_context
 from tasks import progress
 from tasks.actor import ShardJob, ShardResult
+from tasks.arms import Arm
 from tasks.pool import check_resources, pool_for, run_pools
 from tasks.retries import ON_TRANSIENT_ERRORS
 from tasks.store import commit_shards

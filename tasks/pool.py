@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 import ray
 
-from core.arms import Arm
 from engines import EngineSpec
 from engines.limits import ensure_shared
 from engines.mixture import MixtureSpec
 from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
+from tasks.arms import Arm
 
 __all__ = ["WorkerPool", "check_resources", "ensure_ray", "pool_for", "run_pools", "shutdown_pools", "warm_pool"]
 

@@ -16,9 +16,9 @@ import polars as pl
 from prefect import task
 from prefect.cache_policies import NONE
 
-from core.arms import Arm
 from core.game import RoundOutcome
 from tasks.actor import ShardJob, ShardResult
+from tasks.arms import Arm
 from tasks.retries import ON_TRANSIENT_ERRORS
 from warehouse.store import Warehouse
 

@@ -12,7 +12,6 @@ import numpy as np
 import polars as pl
 import pytest
 
-from core.arms import Arm
 from core.game import GameRule
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.answers import number_regex
@@ -20,6 +19,7 @@ from prompts.chat import split_cues
 from prompts.context import game_context
 from prompts.render import render
 from tasks.actor import ShardJob, ShardPlayer
+from tasks.arms import Arm
 from tests.engines.conftest import LlamaServer
 from tests.support.waiting import free_port
 

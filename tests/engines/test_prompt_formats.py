@@ -14,7 +14,6 @@ import numpy as np
 import polars as pl
 import pytest
 
-from core.arms import Arm
 from core.game import GameRule
 from engines import build_engine, parse_spec
 from engines.models import MODELS, ModelError, gguf_path, sha256_file
@@ -24,6 +23,7 @@ from prompts.context import game_context
 from prompts.modes import FINAL_CUE
 from prompts.render import render
 from tasks.actor import ShardJob, ShardPlayer
+from tasks.arms import Arm
 
 pytestmark = pytest.mark.llm
 

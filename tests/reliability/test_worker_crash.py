@@ -13,11 +13,11 @@ import duckdb
 import polars as pl
 import pytest
 
-from core.arms import Arm
 from core.game import GameRule
 from engines.simulated import SimulatedSpec
 from populations.sampler import sample
 from populations.spec import load_spec
+from tasks.arms import Arm
 from tasks.play import play_round
 from tasks.pool import pool_for, shutdown_pools
 from warehouse.store import Warehouse

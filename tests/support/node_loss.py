@@ -22,11 +22,11 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 import ray
 from ray.cluster_utils import Cluster
 
-from core.arms import Arm
 from core.game import GameRule
 from engines.simulated import SimulatedSpec
 from populations.sampler import sample
 from populations.spec import load_spec
+from tasks.arms import Arm
 from tasks.play import play_round
 from tasks.pool import pool_for, shutdown_pools
 from warehouse.store import Warehouse

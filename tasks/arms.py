@@ -1,23 +1,22 @@
 """An arm of an experiment: one engine, prompt mode, temperature and game rule.
 
 Every arm of an experiment plays the same personas with the same seeds, so arms are
-paired: comparisons between them need no sampling luck.
+paired: comparisons between them need no sampling luck. An arm holds an engine spec and
+a prompt mode, so it lives above ``engines`` and ``prompts``; it imports neither Prefect
+nor Ray (the config models and the Ray actor both hold arms).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import polars as pl
 
 from core.game import GameRule
 from core.personas import BACKSTORY
-
-if TYPE_CHECKING:  # the core imports no other package: arms only hold these
-    from engines import EngineSpec, SamplingSettings
-    from prompts.modes import PromptMode
+from engines import EngineSpec, SamplingSettings
+from prompts.modes import PromptMode, get_mode
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,6 @@ class Arm:
     @property
     def mode(self) -> PromptMode:
         """The prompt mode: a user's own template, or a built-in mode by name."""
-        from prompts.modes import PromptMode, get_mode
-
         if self.custom is not None:
             return self.custom
         if self.prompt_mode.endswith(".j2"):  # a user's own template file

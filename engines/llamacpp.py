@@ -18,6 +18,7 @@ from pydantic import Field, field_validator
 from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, Sampling, reason_and_answer, register
 from engines.exact import Chain, shares
 from engines.llamacpp_batch import SLOTS, Sequences, Then
+from engines.llamacpp_internals import quiet, silenced, token_text
 from engines.llamacpp_shared import SharedContext, prompt_tokens
 from engines.models import DEFAULT_MODEL, MODELS, gguf_path, is_path, prompt_format, unknown_model
 from prompts.answers import number_gbnf
@@ -94,10 +95,8 @@ def chat_template(llm: object) -> ChatTemplate | None:
     if not source:
         return None
 
-    def text(token: int) -> str:
-        return llm._model.token_get_text(token) if token != -1 else ""  # type: ignore[attr-defined]
-
-    return ChatTemplate(source, bos_token=text(llm.token_bos()), eos_token=text(llm.token_eos()))  # type: ignore[attr-defined]
+    bos, eos = token_text(llm, llm.token_bos()), token_text(llm, llm.token_eos())  # type: ignore[attr-defined]
+    return ChatTemplate(source, bos_token=bos, eos_token=eos)
 
 
 def vocabulary(path: Path) -> object:
@@ -107,9 +106,8 @@ def vocabulary(path: Path) -> object:
     when not verbose: silenced the way llama-cpp-python silences its own loading.
     """
     from llama_cpp import Llama
-    from llama_cpp._utils import suppress_stdout_stderr
 
-    with suppress_stdout_stderr(disable=False):
+    with silenced():
         return Llama(model_path=str(path), vocab_only=True, verbose=False)
 
 
@@ -120,17 +118,6 @@ def read_chat_template(path: Path) -> ChatTemplate | None:
         return chat_template(llm)
     finally:
         llm.close()  # type: ignore[attr-defined]
-
-
-def quiet() -> Any:
-    """A context that silences what llama.cpp's C code prints while a model loads (unless
-    ``KEYNES_VERBOSE=1``): ``verbose=False`` still lets lines such as ``llama_kv_cache_iswa:
-    using full-size SWA cache`` through, once from every actor. Load errors still raise."""
-    import os
-
-    from llama_cpp._utils import suppress_stdout_stderr
-
-    return suppress_stdout_stderr(disable=os.environ.get("KEYNES_VERBOSE") == "1")
 
 
 class LlamaCppEngine:

@@ -28,7 +28,8 @@ import numpy as np
 
 from engines import Completion, CompletionBatch, Constraint, Sampling
 from engines.exact import AnswerTree, Chain, Distribution, Node, Walker, context_hash
-from engines.llamacpp_shared import BLOCK
+from engines.llamacpp_internals import close_context, completion_sampler, context_handle, context_memory, new_context, sampler_handle, vocab
+from engines.llamacpp_shared import BLOCK, common_prefix, prompt_blocks, resume_point
 
 #: Slots of the default engine. Measured on Gemma 3 270M, 2 threads, without flash attention
 #: (a step decodes one token per slot and computes each slot's 262k logits): 12 ms a token at
@@ -36,16 +37,6 @@ from engines.llamacpp_shared import BLOCK
 #: decodes all slots, so a shard of fewer agents than slots pays for the idle ones: the
 #: default suits shards of ~10 agents and more; large shards gain with 32.
 SLOTS = 8
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass
@@ -97,9 +88,6 @@ class Sequences:
 
     def __init__(self, llm: Any, slots: int = SLOTS, n_ctx: int = 2048, threads: int = 1):
         import llama_cpp
-        from llama_cpp import _internals
-
-        from engines.llamacpp import quiet
 
         self.llm, self.slots, self.n_ctx = llm, slots, n_ctx
         self.source = slots  # the stream prompts are evaluated in
@@ -113,8 +101,8 @@ class Sequences:
         params.n_seq_max = slots + 1
         params.kv_unified = False
         params.n_threads = params.n_threads_batch = threads
-        with quiet():
-            self.ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+        self.ctx = new_context(llm, params)
+        self._handle, self._memory = context_handle(self.ctx), context_memory(self.ctx)
         self.n_vocab = llm.n_vocab()
         self._batch = llama_cpp.llama_batch_init(rows, 0, 1)
         self._cells = np.zeros(self.n_vocab, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -127,8 +115,8 @@ class Sequences:
         each agent's answer right after its text, in the same slot."""
         import llama_cpp
 
-        mem = self.ctx.memory
-        eog = self.llm._model.vocab
+        mem = self._memory
+        eog = vocab(self.llm)
         stops = [s.encode("utf-8") for s in stop]
         n = len(prompts)
         free: list[Completion | None] = [None] * n
@@ -227,11 +215,9 @@ class Sequences:
                     llama_cpp.llama_memory_seq_rm(mem, slot, 0, -1)
                     llama_cpp.llama_memory_seq_cp(mem, self.source, slot, 0, -1)
                     agent.kv = list(agent.prompt)
-                    # create_completion's chain and seed handling (0xFFFFFFFF would mean "random")
-                    self.llm.set_seed(agent.seed if agent.seed != 0xFFFFFFFF else 0xFFFFFFFE)
-                    agent.sampler = self.llm._init_sampler(
-                        top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
-                        temp=sampling.temperature, repeat_penalty=sampling.repeat_penalty,
+                    agent.sampler = completion_sampler(  # create_completion's chain, seeded as it seeds
+                        self.llm, agent.seed, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
+                        temperature=sampling.temperature, repeat_penalty=sampling.repeat_penalty,
                     )
                     live[slot] = agent
                     sample(slot, agent, logits)
@@ -276,14 +262,10 @@ class Sequences:
 
         if prompt == self._held and self._held_logits is not None:
             return self._held_logits
-        keep = min(common_prefix(self._held, prompt), len(prompt) - 1)
-        keep -= keep % BLOCK  # back to a block boundary: the prompt's decodes are always the same
-        llama_cpp.llama_memory_seq_rm(self.ctx.memory, self.source, keep, -1)
-        p = keep
-        while p < len(prompt):
-            end = min(len(prompt), (p // BLOCK + 1) * BLOCK)
-            self._decode([(t, q, self.source) for q, t in zip(range(p, end), prompt[p:end])])
-            p = end
+        keep = resume_point(self._held, prompt, len(prompt))
+        llama_cpp.llama_memory_seq_rm(self._memory, self.source, keep, -1)
+        for start, end in prompt_blocks(keep, len(prompt)):
+            self._decode([(t, q, self.source) for q, t in zip(range(start, end), prompt[start:end])])
         self._held, self._held_logits = list(prompt), self._row(-1).copy()
         return self._held_logits
 
@@ -297,14 +279,14 @@ class Sequences:
             b.token[k], b.pos[k], b.n_seq_id[k] = token, p, 1
             b.logits[k] = logits[k] if logits is not None else k == len(rows) - 1
             b.seq_id[k][0] = seq
-        code = llama_cpp.llama_decode(self.ctx.ctx, b)
+        code = llama_cpp.llama_decode(self._handle, b)
         if code != 0:
             raise RuntimeError(f"llama_decode returned {code}")
 
     def _row(self, i: int) -> np.ndarray:
         import llama_cpp
 
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx.ctx, i), shape=(self.n_vocab,))
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._handle, i), shape=(self.n_vocab,))
 
     def _sample(self, sampler: Any, logits: np.ndarray) -> int:
         """What ``llama_sampler_sample`` does, from a logits row: apply the chain, accept the draw."""
@@ -319,9 +301,9 @@ class Sequences:
         arr = llama_cpp.llama_token_data_array(
             data=cells.ctypes.data_as(llama_cpp.llama_token_data_p), size=self.n_vocab, selected=-1, sorted=False
         )
-        llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(arr))
+        llama_cpp.llama_sampler_apply(sampler_handle(sampler), ctypes.byref(arr))
         token = int(arr.data[arr.selected].id)
-        llama_cpp.llama_sampler_accept(sampler.sampler, token)
+        llama_cpp.llama_sampler_accept(sampler_handle(sampler), token)
         return token
 
     def close(self) -> None:
@@ -330,4 +312,4 @@ class Sequences:
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
-        self.ctx.close()
+        close_context(self.ctx)

@@ -8,17 +8,48 @@ prompt costs its tokens plus a few single-token decodes, and sorted prompts shar
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from engines import CompletionBatch, RequestBatch
 from engines.exact import AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, walk
+from engines.llamacpp_internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, last_logits, vocab
 
 #: Prompt tokens are evaluated in blocks at fixed positions (0, BLOCK, 2·BLOCK, …), whatever
 #: prefix is already cached: every decode, and so every logit, is then a function of the prompt
 #: alone — not of which prompts a shard held before it — and draws reproduce across shardings.
 BLOCK = 32
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def resume_point(held: Sequence[int], seq: Sequence[int], prompt_length: int) -> int:
+    """How many of ``seq``'s tokens to keep from the ``held`` KV before evaluating the rest:
+    their common prefix less ``seq``'s last token (its logits are needed), and, inside the
+    prompt (its first ``prompt_length`` tokens), back to a block boundary, so that the prompt's
+    decodes are always the same."""
+    keep = min(common_prefix(held, seq), len(seq) - 1)
+    if keep < prompt_length:
+        keep -= keep % BLOCK
+    return keep
+
+
+def prompt_blocks(start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The (from, to) ranges that evaluate prompt positions ``start``…``end`` in fixed blocks
+    (``start`` on a block boundary or past the prompt's last full block)."""
+    while start < end:
+        stop = min(end, (start // BLOCK + 1) * BLOCK)
+        yield start, stop
+        start = stop
 
 _VOCABS: dict[str, AnswerVocab] = {}
 
@@ -29,16 +60,16 @@ def answer_vocab(llm: Any) -> AnswerVocab:
 
     key = str(llm.model_path)
     if key not in _VOCABS:
-        vocab = llm._model.vocab
+        handle = vocab(llm)
         n = llm.n_vocab()
         buf = ctypes.create_string_buffer(64)
         pieces: list[bytes] = []
         eog: list[int] = []
         for token in range(n):
             # special=True: the text llama.cpp's grammar sampler matches each token by.
-            size = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+            size = llama_cpp.llama_token_to_piece(handle, token, buf, len(buf), 0, True)
             pieces.append(buf.raw[:size] if size > 0 else b"")
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
+            if llama_cpp.llama_vocab_is_eog(handle, token):
                 eog.append(token)
         _VOCABS[key] = AnswerVocab.from_pieces(pieces, eog)
     return _VOCABS[key]
@@ -47,8 +78,8 @@ def answer_vocab(llm: Any) -> AnswerVocab:
 def prompt_tokens(llm: Any, prompt: str, add_bos: bool = True) -> list[int]:
     """The tokens ``create_completion`` evaluates for this prompt (BOS, text with special tokens)."""
     tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
-    bos = [llm.token_bos()] if add_bos and llm._model.add_bos_token() and llm.token_bos() != -1 else []
-    eos = [llm.token_eos()] if llm._model.add_eos_token() else []
+    bos = [llm.token_bos()] if add_bos and adds_bos(llm) and llm.token_bos() != -1 else []
+    eos = [llm.token_eos()] if adds_eos(llm) else []
     return bos + tokens + eos
 
 
@@ -100,26 +131,14 @@ class SharedContext:
         """The next-token logits after ``prompt + path`` (a copy of the full vocabulary row)."""
         llm = self.llm
         seq = prompt + list(path)
-        cached = llm._input_ids[: llm.n_tokens].tolist()
-        keep = 0
-        for a, b in zip(cached, seq):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(seq) - 1)  # the last token is re-evaluated to get its logits
-        if keep < len(prompt):
-            keep -= keep % BLOCK  # back to a block boundary: the prompt's decodes are always the same
-        if keep < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, keep, -1):
+        keep = resume_point(cached_tokens(llm), seq, len(prompt))
+        if keep < llm.n_tokens and not drop_cache_from(llm, keep):
             llm.reset()
             keep = 0
         llm.n_tokens = keep
-        pos = keep
-        while pos < len(prompt):  # the prompt, block by block
-            end = min(len(prompt), (pos // BLOCK + 1) * BLOCK)
-            llm.eval(seq[pos:end])
-            pos = end
-        while pos < len(seq):  # the tree path, one token per decode (as the per-agent path runs it)
+        for start, end in prompt_blocks(keep, len(prompt)):  # the prompt, block by block
+            llm.eval(seq[start:end])
+        for pos in range(max(keep, len(prompt)), len(seq)):  # the tree path, one token per decode (as the per-agent path runs it)
             llm.eval(seq[pos : pos + 1])
-            pos += 1
-        row = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(self.n_vocab,))
+        row = last_logits(llm, self.n_vocab)
         return row.copy()

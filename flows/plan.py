@@ -114,7 +114,7 @@ class Counter:
         if llm is None and spec.kind == "llamacpp":
             from llama_cpp import Llama
 
-            from engines.llamacpp import quiet
+            from engines.llamacpp_internals import quiet
             from engines.models import gguf_path
 
             with quiet():  # the vocabulary only: ~0.1 s

@@ -1,0 +1,136 @@
+"""The house as drawn in docs/ARCHITECTURE.md: which package may import which, no import cycle
+between modules, and a flow that reaches the warehouse only through the store stage.
+
+Every import counts, at the top of a module or inside a function (a lazy import is still a
+dependency), read from the source with ``ast``: nothing is imported to check it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.quick
+
+#: Each package of keynes and the packages it may import (drawn in docs/ARCHITECTURE.md).
+LAYERS = {
+    "core": set(),
+    "prompts": {"core"},
+    "engines": {"core", "prompts"},
+    "populations": {"core", "prompts", "engines"},
+    "warehouse": {"core"},
+    "reports": {"core", "warehouse"},
+    "tasks": {"core", "prompts", "engines", "populations", "warehouse", "reports"},
+    "flows": {"core", "prompts", "engines", "populations", "warehouse", "reports", "tasks"},
+}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the packages in LAYERS, by dotted name (a package by its own name)."""
+    found = {}
+    for package in LAYERS:
+        for path in (REPO / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imported(path: Path) -> set[str]:
+    """The keynes modules a file imports (``from engines import x`` is ``engines.x`` when that
+    is a module, else ``engines``)."""
+    def owner(name: str) -> str | None:
+        while name and name not in MODULES:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {owner(a.name) for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {owner(f"{node.module}.{a.name}") or owner(node.module) for a in node.names}
+    return {m for m in out if m}
+
+
+GRAPH = {name: imported(path) - {name} for name, path in MODULES.items()}
+
+
+def test_each_package_imports_only_the_layers_below_it():
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items() for target in targets
+        if (top := target.split(".")[0]) != module.split(".")[0] and top not in LAYERS[module.split(".")[0]]
+    )
+    assert not wrong, "imports against docs/ARCHITECTURE.md's layers:\n" + "\n".join(wrong)
+
+
+def test_the_core_imports_nothing_of_keynes():
+    assert {t for m, ts in GRAPH.items() if m.startswith("core") for t in ts if not t.startswith("core")} == set()
+
+
+def test_no_module_imports_itself_through_others():
+    """No cycle in the module graph (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in GRAPH:
+        if module not in index:
+            visit(module)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_flow_reaches_the_warehouse_only_through_the_store_stage():
+    source = MODULES["flows.experiment"].read_text()
+    assert not {t for t in GRAPH["flows.experiment"] if t.split(".")[0] == "warehouse"}
+    assert "Warehouse(" not in source
+
+
+def test_the_ray_actor_imports_neither_prefect_nor_the_warehouse():
+    """Ray imports tasks/actor.py in every worker process: it starts in about a second."""
+    def reaches(module: str, seen: set[str]) -> set[str]:
+        for target in GRAPH[module] - seen:
+            seen.add(target)
+            reaches(target, seen)
+        return seen
+
+    closure = reaches("tasks.actor", set())
+    assert not {m for m in closure if m.startswith(("warehouse", "flows", "reports"))}, closure
+    third_party = {alias.name.split(".")[0] for m in closure | {"tasks.actor"}
+                   for node in ast.walk(ast.parse(MODULES[m].read_text())) if isinstance(node, ast.Import)
+                   for alias in node.names}
+    third_party |= {node.module.split(".")[0] for m in closure | {"tasks.actor"}
+                    for node in ast.walk(ast.parse(MODULES[m].read_text()))
+                    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert "prefect" not in third_party

@@ -457,17 +457,20 @@ def export_tables(
 
 @app.command("config")
 def config_reference() -> None:
-    """Print every config field with its description.
+    """Print every config field with its description, then every engine kind's fields.
 
     Example: keynes config
     """
     from pydantic import BaseModel
 
+    import engines
     from flows.config import ExperimentConfig
 
     def walk(model: type[BaseModel], prefix: str = "") -> None:
         for name, field in model.model_fields.items():
             name = field.alias or name  # `continue` is spelled `continue_` in Python
+            if prefix and name == "kind" and not field.description:
+                continue  # an engine's kind heads its section
             annotation = field.annotation
             if getattr(annotation, "__args__", None) and type(None) in annotation.__args__:
                 inner = [a for a in annotation.__args__ if a is not type(None)]
@@ -480,6 +483,17 @@ def config_reference() -> None:
                 out.print(f"[bold]{prefix}{name}[/]: {field.description}{default}", highlight=False)
 
     walk(ExperimentConfig)
+    out.print("\n[bold]Engines[/] (each entry of arms.engines, and population.backstories.engine), by kind:", highlight=False)
+    for kind in engines.available():
+        spec = engines.spec_class(kind)
+        summary = (spec.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        out.print(f"\n[bold]kind: {kind}[/] — {summary}", highlight=False)
+        walk(spec, f"{kind}.")
+    from engines.mixture import MixtureComponent, MixtureSpec
+
+    out.print(f"\n[bold]kind: mixture[/] — {(MixtureSpec.__doc__ or '').strip().splitlines()[0]}", highlight=False)
+    walk(MixtureSpec, "mixture.")
+    walk(MixtureComponent, "mixture.components.N.")
 
 
 models_app = typer.Typer(no_args_is_help=True, help="Bundled models: list them, make them loadable by an engine.")

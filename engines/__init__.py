@@ -179,19 +179,25 @@ class CompletionBatch:
 class Engine(Protocol):
     """What every engine does. ``kind`` and ``model`` label every stored guess.
 
-    An engine may also set ``prompt_format = "chat"``: it then receives each prompt split
-    into the user's message and the assistant's opening (``RequestBatch.opening``) and
-    applies its model's chat template; without it prompts are plain text (completion).
-    An engine may also offer ``reason_and_answer`` (see the function of that name) to run
-    a chain of thought's two phases in one go.
+    ``prompt_format``: ``"chat"`` if the engine receives each prompt split into the user's
+    message and the assistant's opening (``RequestBatch.opening``) and applies its model's chat
+    template; ``"completion"``: prompts are plain text. ``limit_wait_s``: seconds spent waiting
+    for rate limits so far (0 for engines without). ``reason_and_answer`` runs a chain of
+    thought's two phases. ``EngineBase`` gives the defaults of all three.
     """
 
     kind: str
     model: str
+    prompt_format: str
+    limit_wait_s: float
 
     def generate(self, batch: RequestBatch) -> CompletionBatch:
         """Complete every request of the batch, in order. Never raises for one
         bad request: its completion carries ``error`` instead."""
+        ...
+
+    def reason_and_answer(self, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
+        """Chain of thought: free text per agent (``free``), then its constrained ``answer``."""
         ...
 
     def close(self) -> None:
@@ -199,23 +205,36 @@ class Engine(Protocol):
         ...
 
 
-def reason_and_answer(engine: Engine, free: RequestBatch, answer: RequestBatch, cue: str, hook: bool = True) -> tuple[CompletionBatch, CompletionBatch]:
-    """Chain of thought: free text per agent (``free``), then its constrained ``answer``.
+def two_phases(engine: Engine, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
+    """Chain of thought as two ``generate`` calls: free text per agent (``free``), then its
+    constrained ``answer``.
 
     ``answer`` holds the same prompts (and openings) as ``free``; each agent's answer prompt
-    is its prompt (its opening, in chat format) followed by its free text and ``cue``. An
-    engine with a ``reason_and_answer`` method of its own runs both phases (e.g. keeping each
-    agent's context between them); otherwise the two are ``generate`` calls.
+    is its prompt (its opening, in chat format) followed by its free text and ``cue``.
     """
-    own = getattr(engine, "reason_and_answer", None) if hook else None
-    if own is not None:
-        return own(free, answer, cue)
     reasoning = engine.generate(free)
     if answer.opening is not None:  # the answer continues the same assistant turn
         follow = replace(answer, opening=[o + r + cue for o, r in zip(answer.opening, reasoning.text)])
     else:
         follow = replace(answer, prompt=[p + r + cue for p, r in zip(answer.prompt, reasoning.text)])
     return reasoning, engine.generate(follow)
+
+
+def reason_and_answer(engine: Engine, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
+    """Chain of thought on ``engine``: its own ``reason_and_answer`` (``two_phases`` unless the
+    engine runs both phases its own way, e.g. keeping each agent's context between them)."""
+    return engine.reason_and_answer(free, answer, cue)
+
+
+class EngineBase:
+    """The defaults of the protocol's optional members, inherited by every engine: prompts as
+    plain text, no rate-limit waits, chain of thought as two ``generate`` calls."""
+
+    prompt_format: str = "completion"
+    limit_wait_s: float = 0.0
+
+    def reason_and_answer(self, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
+        return two_phases(self, free, answer, cue)  # type: ignore[arg-type]
 
 
 class EngineSpec(BaseModel):
@@ -244,14 +263,48 @@ class EngineSpec(BaseModel):
         """
         return {"format": "completion", "chat_template_sha256": None}
 
-    def check_context(self, prompts: Sequence[str], reserve: int, mode: str) -> None:
-        """Refuse prompts that cannot fit the model's context with ``reserve`` tokens to spare.
+    def count_tokens(self, prompts: Sequence[str]) -> np.ndarray | None:
+        """Each prompt's tokens as this engine will send it (chat template, BOS and special
+        tokens as the engine evaluates them), counted in this process; None when the engine
+        cannot count without its server (``keynes plan`` then counts ~4 characters a token)."""
+        return None
 
-        Engines that count tokens locally override it; the default checks nothing.
+    def context_window(self) -> tuple[str, int] | None:
+        """The setting that bounds prompt + completion tokens and its value, e.g. ``("n_ctx", 2048)``;
+        None: not known before the engine runs (not checked)."""
+        return None
+
+    def check_context(self, prompts: Sequence[str], reserve: int, mode: str) -> None:
+        """Refuse prompts that cannot fit the model's context with ``reserve`` tokens to spare
+        (engines that count tokens locally and know their window; others check nothing).
 
         Raises:
             ValueError: one line naming the setting, the tokens needed and the limit.
         """
+        window = self.context_window()
+        counts = self.count_tokens(prompts) if window is not None else None
+        if window is None or counts is None:
+            return
+        setting, limit = window
+        longest = int(max(counts, default=0))
+        if longest + reserve > limit:
+            raise ValueError(
+                f"{setting}: {limit} tokens cannot hold the longest prompt of mode {mode!r} ({longest} tokens, last round) "
+                f"plus {reserve} for reasoning and answer; raise {setting} to at least {longest + reserve}"
+            )
+
+    def predicted_seconds(
+        self, agents: int, rounds: int, phases: int, actors: int, seconds_per_agent: float | None, tokens_per_agent: float | None,
+    ) -> float | None:
+        """The play time of ``agents`` × ``rounds`` on ``actors`` actors, from a calibration's
+        seconds (and tokens) per agent; None without one. Engines with their own pace override it."""
+        if seconds_per_agent is None:
+            return None
+        return agents * rounds * seconds_per_agent / max(1, actors)
+
+    def price(self, prompt_tokens: float, completion_tokens: float) -> float | None:
+        """What these tokens cost on this engine; None: no price configured."""
+        return None
 
     @property
     def key(self) -> str:

@@ -8,14 +8,16 @@ format the prompt is wrapped in the chat template of the GGUF's metadata.
 
 from __future__ import annotations
 
+import atexit
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+import numpy as np
 from pydantic import Field, field_validator
 
-from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, Sampling, reason_and_answer, register
+from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, Sampling, register, two_phases
 from engines.exact import Chain, shares
 from engines.llamacpp_batch import SLOTS, Sequences, Then
 from engines.llamacpp_internals import quiet, silenced, token_text
@@ -67,26 +69,38 @@ class LlamaCppSpec(EngineSpec):
         fmt = prompt_format(self.model, self.prompt_format, digest is not None)
         return {"format": fmt, "chat_template_sha256": digest if fmt == "chat" else None}
 
-    def check_context(self, prompts: Sequence[str], reserve: int, mode: str) -> None:
-        """Count the prompts' tokens as the engine will send them (its vocabulary only is loaded)."""
+    def count_tokens(self, prompts: Sequence[str]) -> np.ndarray:
+        """The prompts' tokens as the engine evaluates them: BOS and special tokens, in the
+        chat template when the format is chat (the model's vocabulary only is loaded, once)."""
         from prompts.chat import split_cues
 
-        llm: Any = vocabulary(gguf_path(self.model))
-        try:
-            template = chat_template(llm)
-            if prompt_format(self.model, self.prompt_format, template is not None) == "chat":
-                texts = template.render_all(*split_cues(prompts))  # type: ignore[union-attr]
-                counts = [len(llm.tokenize(t.encode(), add_bos=False, special=True)) for t in texts]
-            else:
-                counts = [len(llm.tokenize(t.encode(), add_bos=True, special=True)) for t in prompts]
-        finally:
-            llm.close()
-        longest = max(counts, default=0)
-        if longest + reserve > self.n_ctx:
-            raise ValueError(
-                f"n_ctx: {self.n_ctx} tokens cannot hold the longest prompt of mode {mode!r} ({longest} tokens, last round) "
-                f"plus {reserve} for reasoning and answer; raise n_ctx to at least {longest + reserve}"
-            )
+        llm: Any = _vocabulary(str(gguf_path(self.model)))
+        template = chat_template(llm)
+        if prompt_format(self.model, self.prompt_format, template is not None) == "chat":
+            texts = template.render_all(*split_cues(list(prompts)))  # type: ignore[union-attr]
+            return np.array([len(prompt_tokens(llm, t, add_bos=False)) for t in texts], np.int64)
+        return np.array([len(prompt_tokens(llm, t)) for t in prompts], np.int64)
+
+    def context_window(self) -> tuple[str, int]:
+        return "n_ctx", self.n_ctx
+
+
+_VOCABULARIES: dict[str, Any] = {}
+
+
+def _vocabulary(path: str) -> Any:
+    """A GGUF's vocabulary, loaded once per process (for counting tokens before a run) and
+    closed at exit, before the interpreter tears down the library that frees it."""
+    if path not in _VOCABULARIES:
+        if not _VOCABULARIES:
+            atexit.register(_close_vocabularies)
+        _VOCABULARIES[path] = vocabulary(Path(path))
+    return _VOCABULARIES[path]
+
+
+def _close_vocabularies() -> None:
+    while _VOCABULARIES:
+        _VOCABULARIES.popitem()[1].close()
 
 
 def chat_template(llm: object) -> ChatTemplate | None:
@@ -120,7 +134,7 @@ def read_chat_template(path: Path) -> ChatTemplate | None:
         llm.close()  # type: ignore[attr-defined]
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(EngineBase):
     """Completes requests one by one on a llama-cpp-python model, seeded per request."""
 
     kind = "llamacpp"
@@ -176,7 +190,7 @@ class LlamaCppEngine:
         ``sequences`` > 1 each agent's answer follows its reasoning in the same KV stream (its
         exact distribution, drawn with its seed), without evaluating the prompt again."""
         if not (self._batched and shares(answer.constraint) and len(free)):
-            return reason_and_answer(self, free, answer, cue, hook=False)
+            return two_phases(self, free, answer, cue)
         chat = free.opening is not None and self.prompt_format == "chat"
         rendered = self.chat_template.render_all(free.prompt, free.opening) if chat else free.prompt  # type: ignore[union-attr]
         tokens = [prompt_tokens(self.llm, p, add_bos=not chat) for p in rendered]

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
-from engines import Completion, CompletionBatch, Constraint, EngineSpec, Request, RequestBatch, register
+from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, register
 from engines.limits import Limiter
 from prompts.answers import number_gbnf
 from prompts.chat import PromptFormat
@@ -69,8 +69,28 @@ class OpenAISpec(EngineSpec):
         """The configured format; the chat template is the server's (not visible to keynes)."""
         return {"format": self.prompt_format, "chat_template_sha256": None, "chat_template": "server" if self.prompt_format == "chat" else None}
 
+    def predicted_seconds(
+        self, agents: int, rounds: int, phases: int, actors: int, seconds_per_agent: float | None, tokens_per_agent: float | None,
+    ) -> float | None:
+        """``concurrency`` requests in flight per actor, held to ``requests_per_minute`` and
+        ``tokens_per_minute`` (the limit, not the server, may set the pace)."""
+        if seconds_per_agent is None:
+            return None
+        seconds = agents * rounds * seconds_per_agent / (max(1, actors) * self.concurrency)
+        if self.requests_per_minute:
+            seconds = max(seconds, agents * rounds * phases / self.requests_per_minute * 60)
+        if self.tokens_per_minute and tokens_per_agent is not None:
+            seconds = max(seconds, agents * rounds * tokens_per_agent / self.tokens_per_minute * 60)
+        return seconds
 
-class OpenAIEngine:
+    def price(self, prompt_tokens: float, completion_tokens: float) -> float | None:
+        """At ``prompt_price_per_million`` and ``completion_price_per_million``; None if neither is set."""
+        if self.prompt_price_per_million is None and self.completion_price_per_million is None:
+            return None
+        return prompt_tokens / 1e6 * (self.prompt_price_per_million or 0.0) + completion_tokens / 1e6 * (self.completion_price_per_million or 0.0)
+
+
+class OpenAIEngine(EngineBase):
     """Sends each request to the server, concurrently, with retries and validation."""
 
     kind = "openai"

@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 from core.game import GameRule
 from core.hierarchy import cognitive_hierarchy_choices, level_k_choices, poisson_levels
 from core.seeds import splitmix64, uniform01
-from engines import CompletionBatch, EngineSpec, RequestBatch, register
+from engines import CompletionBatch, EngineBase, EngineSpec, RequestBatch, register
 
 #: Independent random streams drawn from one per-request seed.
 _STREAM_LEVEL = np.uint64(0x5EED_1E7E_1000_0001)
@@ -85,8 +85,18 @@ class SimulatedSpec(EngineSpec):
     def _noise_label(self) -> str:
         return f",noise={self.noise:g}" if self.noise else ""
 
+    def count_tokens(self, prompts: Sequence[str]) -> np.ndarray:
+        """The simulated server's tokens: words."""
+        return np.array([len(p.split()) for p in prompts], np.int64)
 
-class SimulatedEngine:
+    def predicted_seconds(
+        self, agents: int, rounds: int, phases: int, actors: int, seconds_per_agent: float | None, tokens_per_agent: float | None,
+    ) -> float:
+        """A batched server: each actor answers waves of ``concurrency`` requests, ``latency_s`` each."""
+        return rounds * phases * math.ceil(agents / (max(1, actors) * self.concurrency)) * self.latency_s
+
+
+class SimulatedEngine(EngineBase):
     """Answers with a decision rule after the latency of a batched server."""
 
     kind = "simulated"

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from engines import CompletionBatch, EngineSpec, RequestBatch, register
+from engines import CompletionBatch, EngineBase, EngineSpec, RequestBatch, register
 from engines.exact import Chain, shares
 from engines.models import prompt_format
 from prompts.chat import ChatTemplate, PromptFormat
@@ -123,7 +123,7 @@ class VllmSpec(EngineSpec):
         return kwargs
 
 
-class VllmEngine:
+class VllmEngine(EngineBase):
     """Owns one ``vllm.LLM``; built inside the Ray actor that plays shards with it."""
 
     kind = "vllm"

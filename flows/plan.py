@@ -20,7 +20,7 @@ from engines import EngineSpec
 from engines.mixture import MixtureSpec
 from flows.config import ExperimentConfig
 from populations.sampler import sample
-from prompts.context import agent_variables, game_context, groups_context, population_context
+from prompts.context import agent_variables, round_variables
 from prompts.modes import FINAL_CUE
 from prompts.render import render
 from tasks.arms import Arm
@@ -89,10 +89,7 @@ def fake_history(round_: int, rule: Any) -> list[dict[str, Any]]:
 def round_inputs(arm: Arm, round_: int, agents: pl.DataFrame, personas: pl.DataFrame) -> tuple[dict[str, Any], pl.DataFrame]:
     """The shared variables and agent frame of round ``round_``, as ``tasks.play`` builds them."""
     history = fake_history(round_, arm.rule)
-    shared: dict[str, Any] = {"game": game_context(arm.rule, personas.height), "round": round_, "history": history,
-                              "population": population_context(personas)}
-    if "group" in personas.columns:
-        shared["groups"] = groups_context(personas, {g: history for g in personas["group"].unique().to_list()})
+    shared = round_variables(arm.rule, personas, round_, history)
     if round_ > 1:
         own = [[h["winning_guess"] for h in history]] * agents.height
         agents = agents.with_columns(own_guesses=pl.Series(own, dtype=pl.List(pl.Float64)))
@@ -101,32 +98,18 @@ def round_inputs(arm: Arm, round_: int, agents: pl.DataFrame, personas: pl.DataF
 
 # ------------------------------------------------------------------------------ tokens
 class Counter:
-    """Counts prompt tokens with the engine's tokenizer where keynes has one (llama.cpp's, the
-    simulated engine's words), else by characters; ``exact`` says which."""
+    """Counts prompt tokens as the engine will (``EngineSpec.count_tokens``: llama.cpp's own
+    vocabulary, the simulated engine's words), else ~4 characters a token; ``exact`` says which."""
 
-    def __init__(self, spec: EngineSpec, engine: Any = None):
-        self.exact = True
-        self._tokenize = None
-        if spec.kind == "simulated":
-            self._count = lambda text: len(text.split())
-            return
-        llm = getattr(engine, "llm", None)
-        if llm is None and spec.kind == "llamacpp":
-            from llama_cpp import Llama
-
-            from engines.llamacpp_internals import quiet
-            from engines.models import gguf_path
-
-            with quiet():  # the vocabulary only: ~0.1 s
-                llm = Llama(model_path=str(gguf_path(spec.model)), vocab_only=True, verbose=False)
-        if llm is not None and hasattr(llm, "tokenize"):
-            self._count = lambda text: len(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
-            return
-        self.exact = False
-        self._count = lambda text: len(text) / CHARS_PER_TOKEN
+    def __init__(self, spec: EngineSpec):
+        self.spec = spec
+        self.exact = spec.count_tokens([""]) is not None
 
     def __call__(self, texts: list[str]) -> np.ndarray:
-        return np.array([self._count(t) for t in texts], dtype=np.float64)
+        counts = self.spec.count_tokens(texts) if self.exact else None
+        if counts is None:
+            return np.array([len(t) / CHARS_PER_TOKEN for t in texts], dtype=np.float64)
+        return np.asarray(counts, dtype=np.float64)
 
 
 # ------------------------------------------------------------------------------ calibration
@@ -202,7 +185,7 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
             say(f"arm {arm.index}: starting {spec.kind} ({spec.model_name}) to calibrate on {min(calibration, n)} agent(s)")
             players[spec.key] = ShardPlayer(spec)
         engine = players[spec.key].engine
-    counter = Counter(spec, engine)
+    counter = Counter(spec)
     if engine is not None:
         cal = calibrate(arm, cfg.seed, sample_agents(personas, calibration), personas, players[spec.key], counter)
     # The counter's scale against the engine's own count (characters → tokens for HTTP engines).
@@ -222,8 +205,8 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
         first = counter(render(arm.mode.template, shared, agent_variables(frame))).mean() * scale
         prompt += n * (first if phases == 1 else 2 * first + second_extra)
     completion_total = n * rounds * completion
-    seconds = _seconds(spec, arm, cfg, n, rounds, phases, cal, calls_per_second)
-    cost = _cost(spec, prompt, completion_total)
+    seconds = _seconds(spec, cfg, n, rounds, phases, cal, calls_per_second)
+    cost = spec.price(prompt, completion_total)
     if cal is not None:
         basis = f"calibrated on {cal.agents} agent(s)" + ("" if counter.exact else ", tokens ~4 characters each")
     else:
@@ -231,29 +214,11 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
     return ArmPlan(arm, n, rounds, phases, prompt, completion_total, seconds, cost, basis)
 
 
-def _seconds(spec, arm, cfg, n, rounds, phases, cal, calls_per_second) -> float | None:
+def _seconds(spec: EngineSpec, cfg, n: int, rounds: int, phases: int, cal: Calibration | None, calls_per_second: float | None) -> float | None:
+    """From the user's calls per second, else the engine's own prediction (``EngineSpec.predicted_seconds``)."""
     if calls_per_second:
         return n * rounds * phases / calls_per_second
-    if spec.kind == "simulated":  # a batched server: waves of `concurrency` requests per actor
-        actors = min(cfg.workers.actors, math.ceil(n / cfg.workers.shard_size))
-        return rounds * phases * math.ceil(n / (actors * spec.concurrency)) * spec.latency_s
-    if cal is None:
-        return None
     actors = min(cfg.workers.actors, math.ceil(n / cfg.workers.shard_size))
-    parallel = actors * getattr(spec, "concurrency", 1) if spec.kind == "openai" else actors
-    seconds = n * rounds * cal.seconds_per_agent / parallel
-    rpm = getattr(spec, "requests_per_minute", None)
-    if rpm:  # the limit, not the server, may set the pace
-        seconds = max(seconds, n * rounds * phases / rpm * 60)
-    tpm = getattr(spec, "tokens_per_minute", None)
-    if tpm:
-        seconds = max(seconds, n * rounds * (cal.prompt_tokens + cal.completion_tokens) / tpm * 60)
-    return seconds
-
-
-def _cost(spec: EngineSpec, prompt_tokens: float, completion_tokens: float) -> float | None:
-    prompt_price = getattr(spec, "prompt_price_per_million", None)
-    completion_price = getattr(spec, "completion_price_per_million", None)
-    if prompt_price is None and completion_price is None:
-        return None
-    return prompt_tokens / 1e6 * (prompt_price or 0.0) + completion_tokens / 1e6 * (completion_price or 0.0)
+    if cal is None:
+        return spec.predicted_seconds(n, rounds, phases, actors, None, None)
+    return spec.predicted_seconds(n, rounds, phases, actors, cal.seconds_per_agent, cal.prompt_tokens + cal.completion_tokens)

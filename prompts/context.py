@@ -63,3 +63,22 @@ def game_context(rule: GameRule, n_players: int) -> dict[str, Any]:
         "integer": rule.integer,
         "rounds": rule.rounds,
     }
+
+
+def round_variables(
+    rule: GameRule, personas: pl.DataFrame, round_: int, history: list[dict[str, Any]],
+    group_history: dict[str, list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """The shared variables of round ``round_`` (``game``, ``round``, ``history``, ``population``,
+    and ``groups`` when the personas have a ``group``): what every prompt of the round sees.
+
+    ``group_history``: each group's own history (nested environments); default: ``history``
+    for every group.
+    """
+    shared: dict[str, Any] = {"game": game_context(rule, personas.height), "round": round_, "history": history,
+                              "population": population_context(personas)}
+    if "group" in personas.columns:
+        if group_history is None:
+            group_history = {g: history for g in personas["group"].unique().to_list()}
+        shared["groups"] = groups_context(personas, group_history)
+    return shared

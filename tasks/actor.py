@@ -88,14 +88,14 @@ class ShardPlayer:
 
     def play(self, job: ShardJob, node: str = "local") -> ShardResult:
         start = time.perf_counter()
-        waited = getattr(self.engine, "limit_wait_s", 0.0)  # engines with rate limits count their waits
+        waited = self.engine.limit_wait_s  # engines with rate limits count their waits
         arm, rule = job.arm, job.arm.rule
         agents = job.agents
         ids = agents["agent_id"].to_numpy().astype(np.int64)
         prompts = render(arm.mode.template, job.shared, agent_variables(agents))
         # Chat format: the prompt's last line (its cue) opens the assistant's turn instead.
         openings = None
-        if getattr(self.engine, "prompt_format", "completion") == "chat":
+        if self.engine.prompt_format == "chat":
             prompts, openings = split_cues(prompts)
         # Seeds depend on (seed, round, agent) only: every arm sees the same draws (paired arms).
         seeds = (agent_seeds(job.seed, ids, "sample", job.round) & np.uint64(0xFFFFFFFF)).astype(np.int64)
@@ -155,7 +155,7 @@ class ShardPlayer:
                 pl.lit(job.shard, pl.Int32).alias("shard"), "context", "answer", "probability", "agents",
             )
         return ShardResult(guesses, node, self.worker, time.perf_counter() - start,
-                           getattr(self.engine, "limit_wait_s", 0.0) - waited, distributions)
+                           self.engine.limit_wait_s - waited, distributions)
 
     def close(self) -> None:
         """Release the engine (its model and connections)."""

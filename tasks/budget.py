@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from prompts.context import agent_variables, game_context, groups_context, population_context
+from prompts.context import agent_variables, round_variables
 from prompts.render import render
 from tasks.arms import Arm
 
@@ -29,12 +29,10 @@ def longest_prompts(arm: Arm, personas: pl.DataFrame) -> list[str]:
         {"round": r, "n": n, "n_valid": n, "mean": wide, "median": wide, "target": wide, "winning_guess": wide, "n_winners": n}
         for r in range(1, last)
     ]
-    shared = {"game": game_context(rule, n), "round": last, "history": history, "population": population_context(personas)}
+    shared = round_variables(rule, personas, last, history)
     agents = personas
     if last > 1:
         agents = agents.with_columns(own_guesses=pl.lit([float(rule.high)] * (last - 1), dtype=pl.List(pl.Float64)))
-    if "group" in personas.columns:
-        shared["groups"] = groups_context(personas, {g: history for g in personas["group"].unique().to_list()})
     distinct = set(render(arm.mode.template, shared, agent_variables(agents)))
     return sorted(distinct, key=len, reverse=True)[:LONGEST]
 

@@ -19,7 +19,7 @@ from prefect.cache_policies import NONE
 
 from engines import EngineSpec
 from engines.mixture import MixtureSpec, shard_index
-from prompts.context import game_context, groups_context, population_context
+from prompts.context import round_variables
 from tasks import progress
 from tasks.actor import ShardJob, ShardResult
 from tasks.arms import Arm
@@ -56,9 +56,9 @@ def play_round(
         own = warehouse.own_guesses(arm.run_id, round_)
         agents = agents.join(own, on="agent_id", how="left")
     history = warehouse.history(arm.run_id, round_)
-    shared = {"game": game_context(arm.rule, n), "round": round_, "history": history, "population": population_context(personas)}
-    if "group" in personas.columns:  # nested environments: each agent is told its group's results
-        shared["groups"] = groups_context(personas, warehouse.group_history(arm.run_id, round_))
+    # Nested environments: each agent is told its group's results.
+    groups = warehouse.group_history(arm.run_id, round_) if "group" in personas.columns else None
+    shared = round_variables(arm.rule, personas, round_, history, groups)
     specs, component, actor_counts = _components(arm, personas, seed, actors)
     index = shard_index(component, shard_size)
     # No more actors than an engine has shards in a round: each actor is a process that

@@ -20,6 +20,12 @@ import engines
 from engines.mixture import MixtureSpec
 from flows.config import ConfigError, ExperimentConfig
 
+#: Configs parsed in this process, by their text and overrides: a run parses its config once
+#: (the CLI, the flow run's name and the flow read the same file with the same overrides). A
+#: config is frozen, so sharing it is safe; a changed file is a new key.
+_PARSED: dict[str, ExperimentConfig] = {}
+_PARSED_MAX = 16
+
 
 def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     """Read a YAML file (or a mapping), apply ``dotted.key=value`` overrides, validate.
@@ -28,22 +34,36 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
         ConfigError: one line naming the field path and the bad value.
     """
     if isinstance(source, dict):
-        data = json.loads(json.dumps(source))
+        text = json.dumps(source, sort_keys=True, default=str)
         origin = "config"
     else:
         path = Path(source)
         origin = str(path)
         if not path.exists():
             raise ConfigError(f"{origin}: no such config file")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise ConfigError(f"{origin}: {where}invalid YAML ({problem})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{origin}: expected a mapping of settings, got {type(data).__name__}")
+        text = path.read_text()
+    key = json.dumps([origin, text, list(overrides)])
+    if key not in _PARSED:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = _parse(origin, json.loads(text) if isinstance(source, dict) else _yaml(origin, text), overrides)
+    return _PARSED[key]
+
+
+def _yaml(origin: str, text: str) -> dict:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{origin}: {where}invalid YAML ({problem})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def _parse(origin: str, data: dict, overrides: list[str] | tuple[str, ...]) -> ExperimentConfig:
     for item in overrides:
         apply_override(data, item)
     try:

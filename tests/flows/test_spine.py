@@ -26,10 +26,19 @@ CONFIG = {
 
 @pytest.fixture(scope="module")
 def spine_db(tmp_path_factory, prefect_api, local_ray):
-    path = tmp_path_factory.mktemp("spine") / "spine.duckdb"
-    summary = experiment(CONFIG, db=str(path))
-    return path, summary
+    from unittest import mock
 
+    from flows import loading
+
+    path = tmp_path_factory.mktemp("spine") / "spine.duckdb"
+    with mock.patch.object(loading, "_parse", wraps=loading._parse) as parse:
+        summary = experiment(CONFIG, db=str(path))
+    return path, summary | {"parses": parse.call_count}
+
+
+def test_the_config_is_parsed_once_per_run(spine_db):
+    """The flow run's name and the flow itself read the same config: validated once."""
+    assert spine_db[1]["parses"] == 1
 
 
 def test_every_agent_guesses_every_round_of_every_arm(spine_db):

@@ -1,7 +1,9 @@
-"""Load: the report's data store — one query per figure, all of them over the warehouse views.
+"""Load: the report's data store — one frame per figure, each read once from a warehouse view.
 
-Nothing here computes statistics: the views in ``warehouse.views`` do, so a number in a
-report is the number a user gets from ``keynes sql``.
+Nothing here computes statistics or writes SQL: the views in ``warehouse.views`` compute,
+``warehouse.report_queries`` reads them, so a number in a report is the number a user gets
+from ``keynes sql``. Here frames are shaped for a page (arms numbered across experiments on a
+comparison page, groups labelled by experiment).
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from typing import Any
 
 import polars as pl
 
+from warehouse import report_queries as queries
+from warehouse.report_queries import experiment_index, experiment_version
 from warehouse.store import Warehouse
+
+__all__ = ["ExperimentNotFound", "ReportData", "experiment_ids", "experiment_index", "experiment_version", "list_experiments"]
 
 
 class ExperimentNotFound(LookupError):
@@ -21,7 +27,7 @@ class ExperimentNotFound(LookupError):
 
 def list_experiments(warehouse: Warehouse) -> pl.DataFrame:
     """Every experiment in the warehouse, newest first (the ``experiment_overview`` view)."""
-    return warehouse.query("SELECT * FROM experiment_overview ORDER BY created_at DESC")
+    return queries.experiment_overview(warehouse)
 
 
 def experiment_ids(warehouse: Warehouse, experiment: str | None = None) -> list[str]:
@@ -74,8 +80,7 @@ class ReportData:
     def _arm_numbers(self) -> pl.DataFrame:
         """(experiment_id, arm) → the arm's number on this page."""
         order = {e: i for i, e in enumerate(self.experiment_ids)}
-        arms = self.warehouse.query("SELECT experiment_id, arm FROM arms WHERE list_contains(?, experiment_id)",
-                                    [self.experiment_ids])
+        arms = queries.arm_rows(self.warehouse, self.experiment_ids).select("experiment_id", "arm")
         arms = arms.with_columns(pl.col("experiment_id").replace_strict(order, return_dtype=pl.Int64).alias("_order"))
         return arms.sort("_order", "arm").with_row_index("_page_arm").select(
             "experiment_id", "arm", pl.col("_page_arm").cast(pl.Int32))
@@ -87,9 +92,8 @@ class ReportData:
         return frame.join(numbers, on=["experiment_id", column], how="left", maintain_order="left").with_columns(
             pl.col("_new").alias(column)).drop("_new")
 
-    def _view(self, view: str, order: str = "", where: str = "") -> pl.DataFrame:
-        sql = f"SELECT * FROM {view} WHERE list_contains(?, experiment_id) {where} {('ORDER BY ' + order) if order else ''}"
-        frame = self._renumber(self.warehouse.query(sql, [self.experiment_ids]))
+    def _view(self, view: str, order: str = "") -> pl.DataFrame:
+        frame = self._renumber(queries.view_rows(self.warehouse, view, self.experiment_ids, order))
         return frame.sort("arm", maintain_order=True) if self.comparing and "arm" in frame.columns else frame
 
     def _keyed(self, frame: pl.DataFrame, key: str) -> pl.DataFrame:
@@ -108,8 +112,7 @@ class ReportData:
     @cached_property
     def experiments(self) -> pl.DataFrame:
         """The ``experiment_overview`` rows of the page's experiments, in the order given."""
-        frame = self.warehouse.query("SELECT * FROM experiment_overview WHERE list_contains(?, experiment_id)",
-                                     [self.experiment_ids])
+        frame = queries.experiment_overview(self.warehouse, self.experiment_ids)
         missing = [e for e in self.experiment_ids if e not in frame["experiment_id"].to_list()]
         if missing:
             raise ExperimentNotFound(f"experiment {missing[0]!r} not found")
@@ -123,8 +126,7 @@ class ReportData:
     @cached_property
     def arms(self) -> pl.DataFrame:
         """The arms; ``experiment_arm`` is each arm's number within its experiment."""
-        frame = self.warehouse.query("SELECT *, arm AS experiment_arm FROM arms WHERE list_contains(?, experiment_id) "
-                                     "ORDER BY arm", [self.experiment_ids])
+        frame = queries.arm_rows(self.warehouse, self.experiment_ids)
         return self._renumber(frame).sort("arm")
 
     @cached_property
@@ -189,9 +191,7 @@ class ReportData:
     @cached_property
     def paired(self) -> pl.DataFrame:
         """Paired comparisons of arms that differ in one factor, per round."""
-        frame = self.warehouse.query(
-            "SELECT * FROM paired_comparisons WHERE list_contains(?, experiment_id) ORDER BY arm_a, arm_b, round",
-            [self.experiment_ids])
+        frame = queries.view_rows(self.warehouse, "paired_comparisons", self.experiment_ids, "arm_a, arm_b, round")
         return self._renumber(self._renumber(frame, "arm_a"), "arm_b")
 
     @cached_property
@@ -203,25 +203,18 @@ class ReportData:
         """Every reasoning text of the page's arms (the served page's searchable table)."""
         return self._view("reasoning_texts", "arm, round, agent_id")
 
-    def _human(self, kind: str, columns: str) -> pl.DataFrame:
-        frame = self.warehouse.query(
-            f"""SELECT a.experiment_id, a.arm, {columns}
-                FROM arms a JOIN human_reference h
-                  ON h.ratio = a.ratio AND h."offset" = a."offset" AND h.low = a.low AND h.high = a.high
-                WHERE list_contains(?, a.experiment_id) AND h.kind = ? ORDER BY a.arm, h.round, h.mean""",
-            [self.experiment_ids, kind],
-        )
-        return self._renumber(frame).drop("experiment_id")
+    def _human(self, kind: str) -> pl.DataFrame:
+        return self._renumber(queries.human_rows(self.warehouse, self.experiment_ids, kind)).drop("experiment_id")
 
     @cached_property
     def references(self) -> pl.DataFrame:
         """Human first-round results whose rule matches an arm's: arm, source, round, mean, median."""
-        return self._human("result", "h.source, h.round, h.mean, h.median")
+        return self._human("result")
 
     @cached_property
     def human_tau(self) -> pl.DataFrame:
         """τ fitted to human subject pools that played an arm's rule: arm, pool, source, mean, τ, interval."""
-        return self._human("cognitive hierarchy", "h.pool, h.source, h.n, h.mean, h.tau, h.tau_low, h.tau_high")
+        return self._human("cognitive hierarchy")
 
     def arm_label(self, arm: int) -> str:
         """A short label: "arm 0 · basic · simulated/uniform" (on a comparison page, "<name> · arm 0 · …")."""
@@ -229,34 +222,3 @@ class ReportData:
         if self.comparing:
             return f"{self.names[row['experiment_id']]} · arm {row['experiment_arm']} · {row['prompt_mode']} · {row['model']}"
         return f"arm {arm} · {row['prompt_mode']} · {row['model']}"
-
-
-def experiment_index(warehouse: Warehouse) -> pl.DataFrame:
-    """One row per experiment for the report server's index: status, agents, arms, rounds
-    played and planned, guesses stored (from the ``shards`` rows: cheap at any size), last update."""
-    return warehouse.query(
-        """WITH s AS (SELECT r.experiment_id, sum(s.n)::BIGINT AS guesses, max(s.committed_at) AS last_shard
-                      FROM shards s JOIN runs r USING (run_id) GROUP BY ALL),
-                a AS (SELECT experiment_id, count(*) AS arms, sum(rounds)::BIGINT AS rounds_planned FROM runs GROUP BY ALL),
-                d AS (SELECT r.experiment_id, count(*) AS rounds_played FROM rounds d JOIN runs r USING (run_id) GROUP BY ALL)
-           SELECT e.experiment_id, e.name, e.status, e.population, coalesce(a.arms, 0) AS arms,
-                  coalesce(d.rounds_played, 0) AS rounds_played, coalesce(a.rounds_planned, 0) AS rounds_planned,
-                  coalesce(s.guesses, 0) AS guesses, greatest(e.created_at, e.finished_at, s.last_shard) AS updated_at
-           FROM experiments e LEFT JOIN s USING (experiment_id) LEFT JOIN a USING (experiment_id)
-                LEFT JOIN d USING (experiment_id)"""
-    )
-
-
-def experiment_version(warehouse: Warehouse, experiment_id: str) -> tuple | None:
-    """What changes whenever something of an experiment is written (None: no such experiment):
-    its status, its runs' statuses, rounds and shards committed, the newest shard."""
-    frame = warehouse.query(
-        """SELECT e.status,
-                  (SELECT string_agg(status, ',' ORDER BY arm) FROM runs r WHERE r.experiment_id = e.experiment_id),
-                  (SELECT count(*) FROM rounds d JOIN runs r USING (run_id) WHERE r.experiment_id = e.experiment_id),
-                  (SELECT count(*) FROM shards s JOIN runs r USING (run_id) WHERE r.experiment_id = e.experiment_id),
-                  (SELECT max(committed_at) FROM shards s JOIN runs r USING (run_id) WHERE r.experiment_id = e.experiment_id)
-           FROM experiments e WHERE e.experiment_id = ?""",
-        [experiment_id],
-    )
-    return tuple(frame.row(0)) if frame.height else None

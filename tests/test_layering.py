@@ -134,3 +134,18 @@ def test_the_ray_actor_imports_neither_prefect_nor_the_warehouse():
                     for node in ast.walk(ast.parse(MODULES[m].read_text()))
                     if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
     assert "prefect" not in third_party
+
+
+def test_sql_lives_in_the_warehouse():
+    """Every query keynes runs is written in ``warehouse/`` (a user's SQL passes through ``keynes sql``)."""
+    import re
+
+    query = re.compile(r"^\s*(SELECT\s[\s\S]*\bFROM\b|WITH\s+\w+\s+AS\s*\(|INSERT\s+INTO\s|UPDATE\s+\w+\s+SET\s|DELETE\s+FROM\s"
+                       r"|CREATE\s+(OR\s+REPLACE\s+)?(TABLE|VIEW)\s)", re.IGNORECASE)
+    found = sorted(
+        f"{name}:{node.lineno}"
+        for name, path in MODULES.items() if not name.startswith("warehouse")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and query.match(node.value)
+    )
+    assert not found, f"SQL outside warehouse/: {found}"

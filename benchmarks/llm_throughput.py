@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from core.game import GameRule  # noqa: E402
-from core.seeds import agent_seeds  # noqa: E402
+from core.seeds import sampling_seeds  # noqa: E402
 from engines import Constraint, RequestBatch, Sampling  # noqa: E402
 from populations.sampler import sample  # noqa: E402
 from populations.spec import load_spec  # noqa: E402
@@ -69,7 +69,7 @@ def workload(n: int, seed: int, threads: int) -> Workload:
     shared = {"game": game_context(RULE, n), "round": 1, "history": []}
     prompts = render("basic.j2", shared, agent_variables(personas))
     ids = personas["agent_id"].to_numpy().astype(np.int64)
-    seeds = (agent_seeds(seed, ids, "sample", 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    seeds = sampling_seeds(seed, ids, 1)
     return Workload(ids, prompts, seeds, threads)
 
 

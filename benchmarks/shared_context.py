@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from core.game import GameRule  # noqa: E402
-from core.seeds import agent_seeds  # noqa: E402
+from core.seeds import sampling_seeds  # noqa: E402
 from engines import Constraint, RequestBatch, Sampling, reason_and_answer  # noqa: E402
 from populations.sampler import sample  # noqa: E402
 from populations.spec import load_spec  # noqa: E402
@@ -48,7 +48,7 @@ def workload(n: int, template: str = "basic.j2") -> RequestBatch:
     shared = {"game": game_context(RULE, n), "round": 1, "history": []}
     prompts = render(template, shared, agent_variables(personas))
     ids = personas["agent_id"].to_numpy().astype(np.int64)
-    seeds = (agent_seeds(1, ids, "sample", 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    seeds = sampling_seeds(1, ids, 1)
     return RequestBatch(ids, prompts, seeds, Sampling(0.7, 8), CONSTRAINT)
 
 

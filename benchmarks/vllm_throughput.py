@@ -25,7 +25,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process, as i
 import numpy as np  # noqa: E402
 
 from core.game import GameRule  # noqa: E402
-from core.seeds import agent_seeds  # noqa: E402
+from core.seeds import sampling_seeds  # noqa: E402
 from engines import Constraint, RequestBatch, Sampling  # noqa: E402
 from populations.sampler import sample  # noqa: E402
 from populations.spec import load_spec  # noqa: E402
@@ -55,7 +55,7 @@ def workload(n: int, seed: int) -> RequestBatch:
     shared = {"game": game_context(RULE, n), "round": 1, "history": []}
     prompts = render("basic.j2", shared, agent_variables(personas))
     ids = personas["agent_id"].to_numpy().astype(np.int64)
-    seeds = (agent_seeds(seed, ids, "sample", 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    seeds = sampling_seeds(seed, ids, 1)
     return RequestBatch(ids, prompts, seeds, SAMPLING, CONSTRAINT)
 
 

@@ -38,6 +38,12 @@ def agent_seeds(seed: int, agent_id: np.ndarray, *labels: object) -> np.ndarray:
         return splitmix64(np.asarray(agent_id, dtype=np.uint64) * _GOLDEN ^ key)
 
 
+def sampling_seeds(seed: int, agent_id: np.ndarray, round_: int) -> np.ndarray:
+    """Each agent's sampling seed in a round, as the engines take it (32 bits, int64): a pure
+    function of (seed, round, agent id), the same in every arm (paired arms)."""
+    return (agent_seeds(seed, agent_id, "sample", round_) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+
+
 def uniform01(bits: np.ndarray) -> np.ndarray:
     """Map uint64 bits to floats in [0, 1) using the top 53 bits."""
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -284,6 +284,14 @@ class Distribution:
     def expected(self) -> float:
         return float(np.dot([float(a) for a in self.answers], self.probs))
 
+    def frame(self, context: str, agents: int) -> Any:
+        """The rows stored in ``answer_distributions`` for one group: context, answer,
+        probability, agents (a polars frame)."""
+        import polars as pl
+
+        return pl.DataFrame({"context": context, "answer": list(self.answers), "probability": self.probs, "agents": agents},
+                            schema_overrides={"agents": pl.Int64})
+
 
 class Walker:
     """One group's walk of its answer tree, fed logits as an engine computes them.
@@ -454,8 +462,7 @@ class SharedAnswers:
             completion_tokens[rows] = dist.leaf_tokens[leaf]
             prompt_tokens[rows] = tokens
             context[rows] = key
-            rows_out.append(pl.DataFrame({"context": key, "answer": list(dist.answers), "probability": dist.probs,
-                                          "agents": len(rows)}, schema_overrides={"agents": pl.Int64}))
+            rows_out.append(dist.frame(key, len(rows)))
         distributions = pl.concat(rows_out) if rows_out else None
         return CompletionBatch(
             text=text.tolist(),

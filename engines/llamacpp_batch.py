@@ -249,8 +249,7 @@ class Sequences:
         import polars as pl
 
         batch = CompletionBatch.from_rows(rows)  # type: ignore[arg-type]
-        frames = [pl.DataFrame({"context": c, "answer": list(d.answers), "probability": d.probs, "agents": 1},
-                               schema_overrides={"agents": pl.Int64}) for c, d in zip(contexts, dists) if d is not None]
+        frames = [d.frame(c, 1) for c, d in zip(contexts, dists) if d is not None]
         batch.shared_prompt = np.array([d is not None for d in dists], bool)
         batch.context = [c if d is not None else None for c, d in zip(contexts, dists)]
         batch.distributions = pl.concat(frames) if frames else None

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import ray
 
-from core.seeds import agent_seeds
+from core.seeds import sampling_seeds
 from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine, reason_and_answer
 from prompts.answers import parse_answers
 from prompts.chat import split_cues
@@ -98,7 +98,7 @@ class ShardPlayer:
         if self.engine.prompt_format == "chat":
             prompts, openings = split_cues(prompts)
         # Seeds depend on (seed, round, agent) only: every arm sees the same draws (paired arms).
-        seeds = (agent_seeds(job.seed, ids, "sample", job.round) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        seeds = sampling_seeds(job.seed, ids, job.round)
         constraint = Constraint(rule.low, rule.high, rule.integer)
         settings = arm.sampling or SamplingSettings()
         reasoning: list[str | None] = [None] * len(ids)

@@ -115,133 +115,15 @@ class Sequences:
         each agent's answer right after its text, in the same slot."""
         import llama_cpp
 
-        mem = self._memory
-        eog = vocab(self.llm)
-        stops = [s.encode("utf-8") for s in stop]
-        n = len(prompts)
-        free: list[Completion | None] = [None] * n
-        answers: list[Completion | None] = [None] * n
-        contexts: list[str | None] = [None] * n
-        dists: list[Distribution | None] = [None] * n
-        queue: list[_Agent] = []
-        for i in sorted(range(n), key=lambda i: prompts[i]):
-            room = self.n_ctx - len(prompts[i])
-            if room <= 0:
-                free[i] = Completion("", error=f"llama.cpp: ValueError: Requested tokens ({len(prompts[i])}) exceed context window of {self.n_ctx}")
-                answers[i] = Completion("", error=free[i].error)
-            else:
-                queue.append(_Agent(i, list(prompts[i]), int(seeds[i]), min(sampling.max_tokens, room)))
-        queue.reverse()  # pop() takes the smallest prompt first
-        live: list[_Agent | None] = [None] * self.slots
-        llama_cpp.llama_memory_clear(mem, True)
+        run = _Run(self, prompts, seeds, sampling, stop, then)
+        llama_cpp.llama_memory_clear(self._memory, True)
         self._held, self._held_logits = [], None
-
-        def aim(slot: int, agent: _Agent, target: list[int]) -> None:
-            """Make the slot hold ``target`` but its last token, which the next step decodes."""
-            keep = min(common_prefix(agent.kv, target), len(target) - 1)
-            if keep < len(agent.kv):
-                llama_cpp.llama_memory_seq_rm(mem, slot, keep, -1)
-                del agent.kv[keep:]
-            agent.feed = target[keep:]
-
-        def ask(slot: int, agent: _Agent) -> None:
-            """Evaluate the walk's next node in this slot, or end the answer."""
-            assert agent.walker is not None
-            while not agent.asks:
-                if agent.computed:
-                    agent.walker.give(agent.computed)
-                    agent.computed = {}
-                if agent.walker.done:
-                    dist = agent.walker.distribution()
-                    leaf = int(dist.draw(np.array([agent.seed]))[0])
-                    answers[agent.index] = Completion(dist.leaf_text[leaf], prompt_tokens=len(agent.answer),
-                                                      completion_tokens=int(dist.leaf_tokens[leaf]), latency_s=time.perf_counter() - agent.start)
-                    dists[agent.index] = dist
-                    live[slot] = None
-                    return
-                agent.asks = list(agent.walker.asks)
-            aim(slot, agent, agent.answer + list(agent.asks[0].path))
-
-        def finish(slot: int, text: bytes) -> None:
-            agent = live[slot]
-            assert agent is not None
-            now = time.perf_counter()
-            free[agent.index] = Completion(text.decode("utf-8", errors="ignore"), prompt_tokens=len(agent.prompt),
-                                           completion_tokens=len(agent.tokens), latency_s=now - agent.start)
-            if then is None:
-                live[slot] = None
-                return
-            agent.start, agent.text = now, free[agent.index].text  # type: ignore[union-attr]
-            prompt, agent.answer = then.prompt(agent.index, agent.text)
-            contexts[agent.index] = context_hash(prompt, then.chain, then.constraint.low, then.constraint.high, then.constraint.integer, then.tree.max_tokens)
-            if len(agent.answer) + then.tree.max_tokens >= self.n_ctx:
-                answers[agent.index] = Completion("", error=f"llama.cpp: ValueError: Requested tokens ({len(agent.answer)}) exceed context window of {self.n_ctx}")
-                live[slot] = None
-                return
-            agent.walker = Walker(then.tree, then.chain)
-            ask(slot, agent)
-
-        def sample(slot: int, agent: _Agent, logits: np.ndarray) -> None:
-            """The agent in ``slot`` draws its next token: end its text, or decode the token next step."""
-            token = self._sample(agent.sampler, logits)
-            if llama_cpp.llama_vocab_is_eog(eog, token):
-                return finish(slot, self.llm.detokenize(agent.tokens, prev_tokens=agent.prompt))
-            agent.tokens.append(token)
-            text = self.llm.detokenize(agent.tokens, prev_tokens=agent.prompt)
-            hit = [s for s in stops if s in text]
-            if hit:
-                return finish(slot, text[: text.index(hit[0])])
-            if len(agent.tokens) >= agent.max_tokens:
-                return finish(slot, text)
-            agent.feed = [token]
-
-        def logits_ready(slot: int, agent: _Agent, row: np.ndarray) -> None:
-            if agent.walker is None:
-                return sample(slot, agent, row)
-            node = agent.asks.pop(0)
-            agent.computed[id(node)] = row[[t for t, _ in node.children]].copy()
-            ask(slot, agent)
-
-        while queue or any(live):
-            copied = False  # a copy between streams is made at the next decode, not at once
-            for slot in range(self.slots):
-                while live[slot] is None and queue:
-                    if copied and queue[-1].prompt != self._held:
-                        break  # the source stream must stay as it is until the step below
-                    agent = queue.pop()
-                    copied = True
-                    agent.start = time.perf_counter()
-                    logits = self._evaluate(agent.prompt)
-                    llama_cpp.llama_memory_seq_rm(mem, slot, 0, -1)
-                    llama_cpp.llama_memory_seq_cp(mem, self.source, slot, 0, -1)
-                    agent.kv = list(agent.prompt)
-                    agent.sampler = completion_sampler(  # create_completion's chain, seeded as it seeds
-                        self.llm, agent.seed, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
-                        temperature=sampling.temperature, repeat_penalty=sampling.repeat_penalty,
-                    )
-                    live[slot] = agent
-                    sample(slot, agent, logits)
-            if not any(live):
+        while run.queue or any(run.live):
+            run.admit()
+            if not any(run.live):
                 break
-            # One step: every slot decodes one token; an idle slot a placeholder at position 0.
-            rows = []
-            for slot in range(self.slots):
-                agent = live[slot]
-                if agent is None:
-                    llama_cpp.llama_memory_seq_rm(mem, slot, 0, -1)
-                    rows.append((0, 0, slot))
-                else:
-                    token = agent.feed.pop(0)
-                    rows.append((token, len(agent.kv), slot))
-                    agent.kv.append(token)
-            # Logits only where they are read: an idle slot or one still feeding has none (the
-            # 262k-wide output layer is most of a row's cost). Every row still runs the body.
-            self._decode(rows, logits=[agent is not None and not agent.feed for agent in live])
-            for slot in range(self.slots):
-                agent = live[slot]
-                if agent is not None and not agent.feed:
-                    logits_ready(slot, agent, self._row(slot))
-        return Outcome(free, None if then is None else self._answers(answers, contexts, dists))  # type: ignore[arg-type]
+            run.step()
+        return Outcome(run.free, None if then is None else self._answers(run.answers, run.contexts, run.dists))  # type: ignore[arg-type]
 
     @staticmethod
     def _answers(rows: list[Completion | None], contexts: list[str | None], dists: list[Distribution | None]) -> CompletionBatch:
@@ -312,3 +194,150 @@ class Sequences:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
         close_context(self.ctx)
+
+
+class _Run:
+    """The state of one ``Sequences.generate`` call: agents waiting, the agent in each slot,
+    and what each agent produced. ``admit`` fills free slots from the queue (each agent's
+    prompt evaluated in the source stream and copied to its slot); ``step`` decodes one token
+    in every slot and hands each slot's logits to its agent (a draw of its text, or a node of
+    its answer tree)."""
+
+    def __init__(self, seq: Sequences, prompts: Sequence[list[int]], seeds: Sequence[int], sampling: Sampling,
+                 stop: Sequence[str], then: Then | None):
+        import llama_cpp
+
+        self.lib, self.seq, self.sampling, self.then = llama_cpp, seq, sampling, then
+        self.mem, self.eog = seq._memory, vocab(seq.llm)
+        self.stops = [s.encode("utf-8") for s in stop]
+        n = len(prompts)
+        self.free: list[Completion | None] = [None] * n
+        self.answers: list[Completion | None] = [None] * n
+        self.contexts: list[str | None] = [None] * n
+        self.dists: list[Distribution | None] = [None] * n
+        self.queue: list[_Agent] = []
+        for i in sorted(range(n), key=lambda i: prompts[i]):
+            room = seq.n_ctx - len(prompts[i])
+            if room <= 0:
+                self.free[i] = Completion("", error=f"llama.cpp: ValueError: Requested tokens ({len(prompts[i])}) exceed context window of {seq.n_ctx}")
+                self.answers[i] = Completion("", error=self.free[i].error)
+            else:
+                self.queue.append(_Agent(i, list(prompts[i]), int(seeds[i]), min(sampling.max_tokens, room)))
+        self.queue.reverse()  # pop() takes the smallest prompt first
+        self.live: list[_Agent | None] = [None] * seq.slots
+
+    def admit(self) -> None:
+        """Give every free slot the next agent: its prompt's KV (from the source stream) and its
+        sampler, and its first token drawn."""
+        seq, lib = self.seq, self.lib
+        copied = False  # a copy between streams is made at the next decode, not at once
+        for slot in range(seq.slots):
+            while self.live[slot] is None and self.queue:
+                if copied and self.queue[-1].prompt != seq._held:
+                    break  # the source stream must stay as it is until the next step
+                agent = self.queue.pop()
+                copied = True
+                agent.start = time.perf_counter()
+                logits = seq._evaluate(agent.prompt)
+                lib.llama_memory_seq_rm(self.mem, slot, 0, -1)
+                lib.llama_memory_seq_cp(self.mem, seq.source, slot, 0, -1)
+                agent.kv = list(agent.prompt)
+                s = self.sampling
+                agent.sampler = completion_sampler(  # create_completion's chain, seeded as it seeds
+                    seq.llm, agent.seed, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, temperature=s.temperature,
+                    repeat_penalty=s.repeat_penalty,
+                )
+                self.live[slot] = agent
+                self.sample(slot, agent, logits)
+
+    def step(self) -> None:
+        """One decode: every slot one token (an idle slot a placeholder at position 0), then
+        each agent that has nothing left to feed reads its logits."""
+        seq = self.seq
+        rows = []
+        for slot in range(seq.slots):
+            agent = self.live[slot]
+            if agent is None:
+                self.lib.llama_memory_seq_rm(self.mem, slot, 0, -1)
+                rows.append((0, 0, slot))
+            else:
+                token = agent.feed.pop(0)
+                rows.append((token, len(agent.kv), slot))
+                agent.kv.append(token)
+        # Logits only where they are read: an idle slot or one still feeding has none (the
+        # 262k-wide output layer is most of a row's cost). Every row still runs the body.
+        seq._decode(rows, logits=[agent is not None and not agent.feed for agent in self.live])
+        for slot in range(seq.slots):
+            agent = self.live[slot]
+            if agent is not None and not agent.feed:
+                self.logits_ready(slot, agent, seq._row(slot))
+
+    def aim(self, slot: int, agent: _Agent, target: list[int]) -> None:
+        """Make the slot hold ``target`` but its last token, which the next step decodes."""
+        keep = min(common_prefix(agent.kv, target), len(target) - 1)
+        if keep < len(agent.kv):
+            self.lib.llama_memory_seq_rm(self.mem, slot, keep, -1)
+            del agent.kv[keep:]
+        agent.feed = target[keep:]
+
+    def ask(self, slot: int, agent: _Agent) -> None:
+        """Evaluate the walk's next node in this slot, or end the answer."""
+        assert agent.walker is not None
+        while not agent.asks:
+            if agent.computed:
+                agent.walker.give(agent.computed)
+                agent.computed = {}
+            if agent.walker.done:
+                dist = agent.walker.distribution()
+                leaf = int(dist.draw(np.array([agent.seed]))[0])
+                self.answers[agent.index] = Completion(dist.leaf_text[leaf], prompt_tokens=len(agent.answer),
+                                                       completion_tokens=int(dist.leaf_tokens[leaf]), latency_s=time.perf_counter() - agent.start)
+                self.dists[agent.index] = dist
+                self.live[slot] = None
+                return
+            agent.asks = list(agent.walker.asks)
+        self.aim(slot, agent, agent.answer + list(agent.asks[0].path))
+
+    def finish(self, slot: int, text: bytes) -> None:
+        """The agent's free text ends: store it, then start its answer (with ``Then``) in the same slot."""
+        agent, then, n_ctx = self.live[slot], self.then, self.seq.n_ctx
+        assert agent is not None
+        now = time.perf_counter()
+        self.free[agent.index] = Completion(text.decode("utf-8", errors="ignore"), prompt_tokens=len(agent.prompt),
+                                            completion_tokens=len(agent.tokens), latency_s=now - agent.start)
+        if then is None:
+            self.live[slot] = None
+            return
+        agent.start, agent.text = now, self.free[agent.index].text  # type: ignore[union-attr]
+        prompt, agent.answer = then.prompt(agent.index, agent.text)
+        self.contexts[agent.index] = context_hash(prompt, then.chain, then.constraint.low, then.constraint.high, then.constraint.integer,
+                                                  then.tree.max_tokens)
+        if len(agent.answer) + then.tree.max_tokens >= n_ctx:
+            self.answers[agent.index] = Completion("", error=f"llama.cpp: ValueError: Requested tokens ({len(agent.answer)}) exceed context window of {n_ctx}")
+            self.live[slot] = None
+            return
+        agent.walker = Walker(then.tree, then.chain)
+        self.ask(slot, agent)
+
+    def sample(self, slot: int, agent: _Agent, logits: np.ndarray) -> None:
+        """The agent in ``slot`` draws its next token: end its text, or decode the token next step."""
+        llm = self.seq.llm
+        token = self.seq._sample(agent.sampler, logits)
+        if self.lib.llama_vocab_is_eog(self.eog, token):
+            return self.finish(slot, llm.detokenize(agent.tokens, prev_tokens=agent.prompt))
+        agent.tokens.append(token)
+        text = llm.detokenize(agent.tokens, prev_tokens=agent.prompt)
+        hit = [s for s in self.stops if s in text]
+        if hit:
+            return self.finish(slot, text[: text.index(hit[0])])
+        if len(agent.tokens) >= agent.max_tokens:
+            return self.finish(slot, text)
+        agent.feed = [token]
+
+    def logits_ready(self, slot: int, agent: _Agent, row: np.ndarray) -> None:
+        """A slot's logits: the agent's next draw, or a node of its answer tree."""
+        if agent.walker is None:
+            return self.sample(slot, agent, row)
+        node = agent.asks.pop(0)
+        agent.computed[id(node)] = row[[t for t, _ in node.children]].copy()
+        self.ask(slot, agent)

@@ -144,7 +144,8 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             warm_pool(first, cfg.population.size, cfg.workers.actors, cfg.workers.shard_size)
         personas = experiment_personas(
             cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
-            cfg.population.backstories, cfg.workers.actors, cfg.workers.ray_address, cfg.workers.dashboard,
+            backstories=cfg.population.backstories, actors=cfg.workers.actors, ray_address=cfg.workers.ray_address,
+            dashboard=cfg.workers.dashboard,
         )
         if cfg.groups is not None:
             personas = personas.with_columns(cfg.groups.assign(personas, cfg.seed))

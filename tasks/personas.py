@@ -87,26 +87,16 @@ def personas_stage(
     return {"experiment_id": experiment_id, "agents": size, "sampled": True, **({"backstories": counts} if counts else {})}
 
 
-def experiment_personas(
-    experiment_id: str,
-    spec: PopulationSpec,
-    size: int,
-    seed: int,
-    warehouse: Warehouse,
-    backstories: BackstoryConfig | None = None,
-    actors: int = 1,
-    ray_address: str | None = None,
-    dashboard: bool = False,
-) -> pl.DataFrame:
+def experiment_personas(experiment_id: str, spec: PopulationSpec, size: int, seed: int, warehouse: Warehouse, **options: Any) -> pl.DataFrame:
     """Stage 1 for the flow: the experiment's personas, stored by the (cached) stage and read back.
 
-    A cached stage whose rows are gone from the file (a replaced warehouse) runs again.
+    ``options``: the stage's own (backstories, actors, ray_address, dashboard). A cached stage
+    whose rows are gone from the file (a replaced warehouse) runs again.
     """
-    args = (experiment_id, spec, size, seed, warehouse, backstories, actors, ray_address, dashboard)
-    personas_stage(*args)
+    personas_stage(experiment_id, spec, size, seed, warehouse, **options)
     personas = warehouse.read_personas(experiment_id)
     if personas.height != size:
-        personas_stage.with_options(refresh_cache=True)(*args)
+        personas_stage.with_options(refresh_cache=True)(experiment_id, spec, size, seed, warehouse, **options)
         personas = warehouse.read_personas(experiment_id)
     return personas
 

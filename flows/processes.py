@@ -5,6 +5,12 @@ Prefect's temporary API server (uvicorn) is a child that outlives a killed paren
 (``PR_SET_PDEATHSIG``); it follows the parent's descendants while the parent lives and ends
 those still running when it goes. It also keeps them in a record file, so that if the
 watchdog itself is killed, the next ``keynes`` start ends what is left and says so.
+
+A process can appear and lose its parent between two looks: Ray's raylet starts its agents,
+and dies with the driver (Ray's own fate sharing), so agents started just before a SIGKILL
+hang from no one the watchdog knows, waiting a minute for a GCS that is gone. So the command
+also marks its environment (``KEYNES_RUN_TAG``), which every process it starts inherits, and
+the watchdog ends every process that carries its mark.
 """
 
 from __future__ import annotations
@@ -23,7 +29,13 @@ import psutil
 POLL_S = 0.5
 #: Seconds a leftover process gets to end on SIGTERM before it is killed.
 GRACE_S = 3.0
+#: The environment variable that marks every process a command starts (``pid:start time``).
+TAG = "KEYNES_RUN_TAG"
 _PR_SET_PDEATHSIG = 1
+#: The signal the watchdog gets when its parent dies: one whose default action is to be ignored,
+#: so that a parent killed while the watchdog is still starting (before its handler is set) does
+#: not kill the watchdog with it; its first look then finds the parent gone and cleans up.
+PARENT_DIED = signal.SIGURG
 
 
 def records_dir() -> Path:
@@ -83,10 +95,10 @@ def clean_leftovers(directory: Path | None = None) -> list[str]:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux for SIGTERM when the parent dies."""
+    """In the child, before exec: ask Linux for ``PARENT_DIED`` when the parent dies."""
     import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, PARENT_DIED, 0, 0, 0)
 
 
 #: The watchdog started for this process, if any: one per process, however many commands it runs.
@@ -99,6 +111,7 @@ def guard(command: str) -> list[str]:
     if _WATCHDOG and _WATCHDOG[0].poll() is None:  # already watched (a second command in one process)
         return lines
     me = psutil.Process()
+    os.environ[TAG] = f"{me.pid}:{me.create_time()}"  # inherited by every process started from now on
     directory = records_dir()
     directory.mkdir(parents=True, exist_ok=True)
     record = directory / f"{me.pid}.json"
@@ -134,12 +147,27 @@ def descendants(children: list[psutil.Process], me: int) -> dict[int, tuple[int,
     return found
 
 
+def tagged(tag: str, exclude: set[int]) -> list[psutil.Process]:
+    """The processes whose environment carries ``TAG=tag`` (those not in ``exclude``)."""
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in exclude:
+            continue
+        try:
+            if proc.environ().get(TAG) == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:  # gone, or not ours to read
+            continue
+    return found
+
+
 def watch(parent_pid: int, parent_created: float, record: Path, command: str) -> None:
     """The watchdog: follow the parent's descendants until the parent dies, then end them."""
     me = os.getpid()
     seen: dict[int, tuple[int, float, str]] = {}
     stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))  # the parent died (PDEATHSIG)
+    signal.signal(PARENT_DIED, lambda *_: stop.update(now=True))  # the parent died (PDEATHSIG)
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))  # ended with its command's process group
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     parent = _alive(parent_pid, parent_created)
     while parent is not None and not stop["now"]:
@@ -164,6 +192,9 @@ def watch(parent_pid: int, parent_created: float, record: Path, command: str) ->
             left += [c for c in proc.children(recursive=True) if c.pid != me and c not in left]
         except psutil.Error:
             continue
+    # Started and orphaned between two looks: found by the mark they inherited.
+    if os.environ.get(TAG):
+        left += [p for p in tagged(os.environ[TAG], {me, parent_pid}) if p not in left]
     try:
         end(left)
     finally:

@@ -103,3 +103,38 @@ def test_a_child_that_ends_while_the_watchdog_looks_is_skipped_not_taken_for_the
     finally:
         staying.kill()
         staying.wait(10)
+
+
+#: A command that starts the watchdog, then a process that orphans itself at once (its parent
+#: exits, so it hangs from no process the watchdog follows, as a Ray agent does when the raylet
+#: dies with the driver), prints that process's pid and waits to be killed.
+ORPHANING_COMMAND = """
+import os, subprocess, sys, time
+from flows.processes import guard
+guard("keynes run")
+middle = subprocess.Popen([sys.executable, "-c",
+    "import subprocess, sys; p = subprocess.Popen(['sleep', '120']); print(p.pid, flush=True)"],
+    stdout=subprocess.PIPE, text=True)
+print(middle.stdout.readline().strip(), flush=True)
+middle.wait()
+time.sleep(120)
+"""
+
+
+def test_a_process_orphaned_between_two_looks_is_ended_by_the_mark_it_inherited(tmp_path):
+    env = dict(os.environ, KEYNES_CACHE=str(tmp_path / "cache"))
+    env.pop("KEYNES_RUN_TAG", None)
+    command = subprocess.Popen([sys.executable, "-c", ORPHANING_COMMAND], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    orphan = None
+    try:
+        orphan = psutil.Process(int(command.stdout.readline()))
+        wait_for(lambda: orphan.ppid() != command.pid and orphan.ppid() not in {c.pid for c in psutil.Process(command.pid).children(recursive=True)},
+                 30, "the sleep to be orphaned")
+        assert orphan.environ()["KEYNES_RUN_TAG"].startswith(f"{command.pid}:")
+        os.kill(command.pid, signal.SIGKILL)
+        command.wait(10)
+        wait_for(lambda: not _still_running([orphan]), 30, "the orphan to be ended")
+    finally:
+        if orphan is not None and _still_running([orphan]):
+            orphan.kill()

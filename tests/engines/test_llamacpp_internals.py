@@ -92,7 +92,9 @@ def test_the_completion_sampler_draws_create_completions_first_token(llm, seed):
     import llama_cpp
 
     settings = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 1.5, "repeat_penalty": 1.0}
-    theirs = llm.create_completion(PROMPT, max_tokens=1, seed=seed, temperature=settings["temperature"], top_k=40,
+    # llama.cpp reads the seed 0xFFFFFFFF as "pick one at random": both keynes paths pass 0xFFFFFFFE for it.
+    passed = seed if seed != 0xFFFFFFFF else 0xFFFFFFFE
+    theirs = llm.create_completion(PROMPT, max_tokens=1, seed=passed, temperature=settings["temperature"], top_k=40,
                                    top_p=0.95, min_p=0.05, repeat_penalty=1.0)["choices"][0]["text"]
     llm.reset()
     llm.eval(tokens(llm))

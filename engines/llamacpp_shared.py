@@ -51,6 +51,7 @@ def prompt_blocks(start: int, end: int) -> Iterator[tuple[int, int]]:
         yield start, stop
         start = stop
 
+
 _VOCABS: dict[str, AnswerVocab] = {}
 
 

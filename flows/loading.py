@@ -34,7 +34,7 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
         ConfigError: one line naming the field path and the bad value.
     """
     if isinstance(source, dict):
-        text = json.dumps(source, sort_keys=True, default=str)
+        text = json.dumps(source)  # read back below: the same plain data, in the same order
         origin = "config"
     else:
         path = Path(source)

@@ -484,15 +484,12 @@ def config_reference() -> None:
 
     walk(ExperimentConfig)
     out.print("\n[bold]Engines[/] (each entry of arms.engines, and population.backstories.engine), by kind:", highlight=False)
-    for kind in engines.available():
-        spec = engines.spec_class(kind)
+    from engines.mixture import MixtureComponent, MixtureSpec
+
+    for kind, spec in [*((kind, engines.spec_class(kind)) for kind in engines.available()), ("mixture", MixtureSpec)]:
         summary = (spec.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         out.print(f"\n[bold]kind: {kind}[/] — {summary}", highlight=False)
         walk(spec, f"{kind}.")
-    from engines.mixture import MixtureComponent, MixtureSpec
-
-    out.print(f"\n[bold]kind: mixture[/] — {(MixtureSpec.__doc__ or '').strip().splitlines()[0]}", highlight=False)
-    walk(MixtureSpec, "mixture.")
     walk(MixtureComponent, "mixture.components.N.")
 
 

@@ -3,6 +3,7 @@
 Each actor owns one engine (a model loads once per actor and serves every round).
 Shards of a round run in parallel across actors; finished shards are committed to
 the warehouse as soon as they arrive (those that arrive together in one transaction),
+through the store stage (``tasks.store``: ``stored_round`` before, ``commit_shards`` during),
 so an interrupted round resumes with only the missing agents. Actors restart after a
 crash and Ray retries their shard.
 """
@@ -25,8 +26,7 @@ from tasks.actor import ShardJob, ShardResult
 from tasks.arms import Arm
 from tasks.pool import check_resources, pool_for, run_pools
 from tasks.retries import ON_TRANSIENT_ERRORS
-from tasks.store import commit_shards
-from warehouse.store import Warehouse
+from tasks.store import Warehouse, commit_shards, stored_round
 
 __all__ = ["play_round"]
 
@@ -50,15 +50,11 @@ def play_round(
     """
     start = time.perf_counter()
     n = personas.height
-    done = warehouse.committed_agents(arm.run_id, round_)
-    agents = personas
-    if round_ > 1:
-        own = warehouse.own_guesses(arm.run_id, round_)
-        agents = agents.join(own, on="agent_id", how="left")
-    history = warehouse.history(arm.run_id, round_)
     # Nested environments: each agent is told its group's results.
-    groups = warehouse.group_history(arm.run_id, round_) if "group" in personas.columns else None
-    shared = round_variables(arm.rule, personas, round_, history, groups)
+    stored = stored_round(warehouse, arm.run_id, round_, grouped="group" in personas.columns)
+    done = stored.done
+    agents = personas if stored.own_guesses is None else personas.join(stored.own_guesses, on="agent_id", how="left")
+    shared = round_variables(arm.rule, personas, round_, stored.history, stored.group_history)
     specs, component, actor_counts = _components(arm, personas, seed, actors)
     index = shard_index(component, shard_size)
     # No more actors than an engine has shards in a round: each actor is a process that

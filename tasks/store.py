@@ -3,15 +3,19 @@
 The experiment's and its arms' rows and statuses open and close a run; play hands each
 batch of finished shards to ``commit_shards`` (one transaction, keyed so a re-played shard
 writes nothing twice); once every agent's guess is stored the round's outcome and winners
-are committed in one transaction, exactly once. The flow holds the warehouse only as the
-handle ``open_warehouse`` returns and passes it on: it calls no warehouse method itself.
+are committed in one transaction, exactly once. Before a round, ``stored_round`` hands play
+what is stored already (agents done, own guesses, history). The flow holds the warehouse only
+as the handle ``open_warehouse`` returns and passes it on: it calls no warehouse method itself,
+and neither does play.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 from prefect import task
 from prefect.cache_policies import NONE
@@ -23,8 +27,8 @@ from tasks.retries import ON_TRANSIENT_ERRORS
 from warehouse.store import Warehouse
 
 __all__ = [
-    "Warehouse", "begin_experiment", "begin_runs", "close_statuses", "commit_shards", "finish_experiment",
-    "finish_run", "finished_rounds", "load_round", "open_warehouse", "run_row", "store_groups", "store_outcome",
+    "StoredRound", "Warehouse", "begin_experiment", "begin_runs", "close_statuses", "commit_shards", "finish_experiment",
+    "finish_run", "finished_rounds", "load_round", "open_warehouse", "run_row", "store_groups", "store_outcome", "stored_round",
 ]
 
 
@@ -100,6 +104,32 @@ def close_statuses(warehouse: Warehouse, experiment_id: str, run_ids: list[str])
         for run_id in run_ids:
             warehouse.finish_run(run_id)
         warehouse.finish_experiment(experiment_id)
+
+
+@dataclass(frozen=True)
+class StoredRound:
+    """What the warehouse holds for an arm before one of its rounds is played.
+
+    ``done``: agent ids whose guess of the round is stored; ``own_guesses``: each agent's
+    earlier guesses (``agent_id``, ``own_guesses``, oldest first; None in round 1);
+    ``history``: the earlier rounds' outcomes; ``group_history``: each group's (None
+    unless the population is grouped).
+    """
+
+    done: np.ndarray
+    own_guesses: pl.DataFrame | None
+    history: list[dict[str, Any]]
+    group_history: dict[str, list[dict[str, Any]]] | None
+
+
+def stored_round(warehouse: Warehouse, run_id: str, round_: int, grouped: bool) -> StoredRound:
+    """Read what play needs before round ``round_`` of ``run_id`` (``grouped``: nested environments)."""
+    return StoredRound(
+        done=warehouse.committed_agents(run_id, round_),
+        own_guesses=warehouse.own_guesses(run_id, round_) if round_ > 1 else None,
+        history=warehouse.history(run_id, round_),
+        group_history=warehouse.group_history(run_id, round_) if grouped else None,
+    )
 
 
 def commit_shards(warehouse: Warehouse, finished: list[tuple[ShardJob, ShardResult]]) -> int:

@@ -117,6 +117,15 @@ def test_the_flow_reaches_the_warehouse_only_through_the_store_stage():
     assert "Warehouse(" not in source
 
 
+@pytest.mark.parametrize("module", ["flows.experiment", "tasks.play"])
+def test_the_flow_and_play_call_no_warehouse_method(module: str):
+    """They hand the warehouse to the store stage's functions; only those call its methods."""
+    calls = [f"{node.func.value.id}.{node.func.attr}" for node in ast.walk(ast.parse(MODULES[module].read_text()))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+             and isinstance(node.func.value, ast.Name) and node.func.value.id in {"warehouse", "wh"}]
+    assert not calls, f"{module} calls the warehouse itself: {calls}"
+
+
 def test_the_ray_actor_imports_neither_prefect_nor_the_warehouse():
     """Ray imports tasks/actor.py in every worker process: it starts in about a second."""
     def reaches(module: str, seen: set[str]) -> set[str]:

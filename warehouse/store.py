@@ -255,30 +255,27 @@ class Warehouse(WarehouseFile):
             con.unregister("new_members")
         return frame.height
 
+    def history(self, run_id: str, before_round: int) -> list[dict[str, Any]]:
+        """Outcomes of the rounds before ``before_round``, oldest first."""
+        return self._outcomes("rounds", run_id, before_round).to_dicts()
+
     def group_history(self, run_id: str, before_round: int) -> dict[str, list[dict[str, Any]]]:
         """Each group's outcomes of the rounds before ``before_round``, oldest first."""
-        with self.connect() as con:
-            frame = frame_of(
-                con,
-                "SELECT group_name, round, n, n_valid, mean, median, target, winning_guess, n_winners FROM group_rounds "
-                "WHERE run_id = ? AND round < ? ORDER BY group_name, round",
-                [run_id, before_round],
-            )
         history: dict[str, list[dict[str, Any]]] = {}
-        for row in frame.to_dicts():
+        for row in self._outcomes("group_rounds", run_id, before_round).to_dicts():
             history.setdefault(row.pop("group_name"), []).append(row)
         return history
 
-    def history(self, run_id: str, before_round: int) -> list[dict[str, Any]]:
-        """Outcomes of the rounds before ``before_round``, oldest first."""
+    def _outcomes(self, table: str, run_id: str, before_round: int) -> pl.DataFrame:
+        """The rows of ``rounds`` or ``group_rounds`` (then by group) before ``before_round``."""
+        group = "group_name, " if table == "group_rounds" else ""
         with self.connect() as con:
-            frame = frame_of(
+            return frame_of(
                 con,
-                "SELECT round, n, n_valid, mean, median, target, winning_guess, n_winners FROM rounds "
-                "WHERE run_id = ? AND round < ? ORDER BY round",
+                f"SELECT {group}round, n, n_valid, mean, median, target, winning_guess, n_winners FROM {table} "
+                f"WHERE run_id = ? AND round < ? ORDER BY {group}round",
                 [run_id, before_round],
             )
-        return frame.to_dicts()
 
     def own_guesses(self, run_id: str, before_round: int) -> pl.DataFrame:
         """Each agent's guesses in earlier rounds: agent_id, own_guesses (list, oldest first)."""

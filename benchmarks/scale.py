@@ -23,22 +23,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Before Prefect is imported: its settings are read at import.
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# Prefect's temporary API may start slowly on a busy 2-core machine (default 20 s).
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-# Under `uv run`, Ray would start every worker through `uv run` again (a project sync per
-# actor); this project's venv already holds keynes, so workers use this interpreter.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-
 import numpy as np
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from flows import settings  # noqa: E402
+
+# Before Prefect is imported: its settings are read at import.
+settings.apply({"RAY_AUTH_MODE": "disabled"})
 
 #: Paper figures (arXiv 2407.17789, Sec. 5.1): 1M dummy agents, each sleeps 1 s then answers.
 PAPER = {

@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import os
 
-# Before Prefect and Ray are imported anywhere: both read these settings at import, and every
-# process keynes starts (the flow runs of `keynes serve` included) inherits them.
+from flows import settings
+
+# Before Prefect and Ray are imported anywhere (flows/settings.py): every process keynes
+# starts inherits them.
 _LOG_LEVEL_CHOSEN = "PREFECT_LOGGING_LEVEL" in os.environ
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# Without PREFECT_API_URL the first flow starts Prefect's temporary API (~8 s here). Prefect
-# gives it 20 s, which a busy laptop can miss; a run that waits longer loses nothing.
+settings.apply()
 STARTUP_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
-os.environ.setdefault(STARTUP_TIMEOUT, "120")
-# Under `uv run`, Ray would start its workers with `uv run` in a copy of the project: a fresh
-# environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
-# instead; RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 gets Ray's behaviour back.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 import json
 import sys

@@ -5,15 +5,13 @@ from __future__ import annotations
 import os
 import tempfile
 
+from flows import settings
+
 # Prefect reads its settings at import: point it at a throwaway home first.
 _HOME = tempfile.mkdtemp(prefix="keynes-prefect-")
 os.environ.setdefault("PREFECT_HOME", _HOME)
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# Local Ray workers share this interpreter: do not let Ray rebuild the `uv run` environment
-# for them in a copy of the working tree (slow, and it fails when optional extras are absent).
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# keynes's own process settings (flows/settings.py), as the CLI sets them.
+settings.apply({"RAY_AUTH_MODE": "disabled"})
 # On a busy shared machine Ray's Python agents can take longer than the raylet's default
 # wait to register (the raylet then aborts); set before any test starts a Ray.
 os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")

@@ -1,0 +1,31 @@
+"""The settings every keynes process gives Prefect and Ray before either is imported.
+
+Both read their settings at import, and every process keynes starts (Ray's workers, the flow
+runs of ``keynes serve``) inherits them. ``apply`` only sets what the environment leaves unset,
+so a user's own value always wins. The CLI, the benchmarks and the test suite call it first.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["DEFAULTS", "apply"]
+
+DEFAULTS: dict[str, str] = {
+    # keynes prints its own progress; Prefect's INFO lines would bury it.
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # Without PREFECT_API_URL the first flow starts Prefect's temporary API (~8 s here). Prefect
+    # gives it 20 s, which a busy laptop can miss; a run that waits longer loses nothing.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    # Under `uv run`, Ray would start its workers with `uv run` in a copy of the project: a fresh
+    # environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
+    # instead; RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 gets Ray's behaviour back.
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+}
+
+
+def apply(extra: dict[str, str] | None = None) -> None:
+    """Set each of ``DEFAULTS`` (and ``extra``) that the environment does not set already."""
+    for name, value in {**DEFAULTS, **(extra or {})}.items():
+        os.environ.setdefault(name, value)

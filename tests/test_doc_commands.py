@@ -9,12 +9,20 @@ to bottom), each once, whatever order the tests run in: a block may read what an
 wrote (the warehouse page queries the simulated run of the config page). Runnable blocks write
 only under /tmp/keynes-docs/, which is emptied before the first block runs.
 
-Only blocks that need no GPU and no long LLM run are marked runnable. Each runs as a user's shell
-would: ``keynes`` and ``duckdb`` from this environment's bin folder, ``UV_NO_SYNC=1`` (a ``uv run``
-does not re-sync the environment and strip its extras), ``KEYNES_CACHE`` as set, no
-``PREFECT_API_URL`` or ``RAY_ADDRESS`` (a ``keynes run`` starts its own temporary Prefect API and
-Ray, as on a laptop), and a ``PREFECT_HOME`` that holds a migrated Prefect database, as a user's
-does after their first run.
+README.md's blocks run where a user runs them after the quickstart: in a folder holding
+``experiments/`` and a ``keynes.duckdb`` with the quickstart played by real Gemma 3 270M — the
+session's quickstart fixture, whose overrides are the README's one-minute try, so that rerunning
+that command resumes a complete experiment (its rows were written by the same config) and the
+query and the report read real answers. Only blocks that need no GPU, no long LLM run and no
+server that runs until stopped are marked runnable; the others are run by the suite in their
+own tests: the install and the README's test commands by ``.ci/run`` (which runs exactly them),
+the full quickstart by the quickstart fixture (a third of its agents), ``keynes serve`` by
+tests/flows/test_deploy.py. Each runs as a user's shell would: ``keynes`` and ``duckdb`` from
+this environment's bin folder, ``UV_NO_SYNC=1`` (a ``uv run`` does not re-sync the environment
+and strip its extras), ``UV_PROJECT`` this repository (``uv run`` finds it from another folder),
+``KEYNES_CACHE`` as set, no ``PREFECT_API_URL`` or ``RAY_ADDRESS`` (a ``keynes run`` starts its
+own temporary Prefect API and Ray, as on a laptop), and a ``PREFECT_HOME`` that holds a migrated
+Prefect database, as a user's does after their first run.
 """
 
 from __future__ import annotations
@@ -109,23 +117,40 @@ def shell_env(tmp_path_factory) -> dict[str, str]:
     from tests.support.prefect_db import seed_home
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
-    env.update(UV_NO_SYNC="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    env.update(UV_NO_SYNC="1", UV_PROJECT=str(REPO), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
                PREFECT_HOME=str(seed_home(tmp_path_factory.mktemp("docs-prefect"), tmp_path_factory)))
     return env
 
 
+def readme_folder(quickstart_db: Path) -> Path:
+    """Where README.md's blocks run: ``experiments/`` and the quickstart's ``keynes.duckdb``."""
+    folder = SCRATCH / "readme"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "experiments").symlink_to(REPO / "experiments", target_is_directory=True)
+    shutil.copy(quickstart_db, folder / "keynes.duckdb")
+    return folder
+
+
 @pytest.fixture(scope="module")
-def run_block(shell_env):
+def run_block(shell_env, request):
     """Runs a block, after every earlier block that has not run yet, each once: returns its
     (exit status, output, seconds)."""
     shutil.rmtree(SCRATCH, ignore_errors=True)
     done: dict[Block, tuple[int, str, float]] = {}
+    folders: dict[str, Path] = {}
+
+    def folder_of(block: Block) -> Path:
+        if block.file != "README.md":
+            return REPO
+        if "readme" not in folders:
+            folders["readme"] = readme_folder(request.getfixturevalue("quickstart")[0])
+        return folders["readme"]
 
     def run(block: Block) -> tuple[int, str, float]:
         for earlier in BLOCKS[:BLOCKS.index(block) + 1]:
             if earlier not in done:
                 started = time.monotonic()
-                result = subprocess.run(["bash", "-e", "-c", earlier.script], cwd=REPO, env=shell_env,
+                result = subprocess.run(["bash", "-e", "-c", earlier.script], cwd=folder_of(earlier), env=shell_env,
                                         capture_output=True, text=True, timeout=600)
                 done[earlier] = (result.returncode, result.stdout + result.stderr, time.monotonic() - started)
         return done[block]
@@ -144,6 +169,17 @@ def test_runnable_blocks_are_found_and_every_marker_sits_above_a_shell_block():
     stray = {str(path.relative_to(REPO)): lines for path in doc_files() if (lines := blocks_in(path)[1])}
     assert not stray, f"{MARKER} lines not directly above a ```bash, ```sh or ```console fence: {stray}"
     assert len(BLOCKS) >= 4, [block.id for block in BLOCKS]
+
+
+def test_the_readmes_try_is_the_session_quickstart():
+    """The README's run block sets the quickstart fixture's overrides: it resumes the fixture's
+    complete experiment instead of playing a second one in the suite."""
+    from tests.conftest import QUICKSTART_OVERRIDES
+
+    runs = [block for block in BLOCKS if block.file == "README.md" and "keynes run experiments/quickstart.yaml" in block.script]
+    assert runs, "README.md has no runnable quickstart run"
+    for block in runs:
+        assert sorted(re.findall(r"--set (\S+)", block.script)) == sorted(QUICKSTART_OVERRIDES), block.script
 
 
 def test_a_console_block_runs_its_dollar_lines_only():

@@ -3,11 +3,13 @@ real llama.cpp server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -122,10 +124,19 @@ class LlamaServer:
                 self.kill()
 
 
+@contextlib.contextmanager
+def served(model: Path, log: Path) -> Iterator[LlamaServer]:
+    """A llama.cpp server of ``model`` started on a free port, stopped on leaving."""
+    server = LlamaServer(model, free_port(), log)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def llama_server(gguf, tmp_path_factory):
     """A started llama.cpp server on a free port, shared by a test module."""
-    server = LlamaServer(gguf, free_port(), tmp_path_factory.mktemp("server") / "server")
-    server.start()
-    yield server
-    server.stop()
+    with served(gguf, tmp_path_factory.mktemp("server") / "server") as server:
+        yield server

@@ -20,8 +20,7 @@ from prompts.context import game_context
 from prompts.render import render
 from tasks.actor import ShardJob, ShardPlayer
 from tasks.arms import Arm
-from tests.engines.conftest import LlamaServer
-from tests.support.waiting import free_port
+from tests.engines.conftest import LlamaServer, served
 
 pytestmark = pytest.mark.llm
 
@@ -37,10 +36,8 @@ def smol_path():
 
 @pytest.fixture(scope="module")
 def smol_server(smol_path, tmp_path_factory):
-    server = LlamaServer(smol_path, free_port(), tmp_path_factory.mktemp("smol-server") / "server")
-    server.start()
-    yield server
-    server.stop()
+    with served(smol_path, tmp_path_factory.mktemp("smol-server") / "server") as server:
+        yield server
 
 
 def spec(server: LlamaServer) -> dict:

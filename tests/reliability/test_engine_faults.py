@@ -19,10 +19,9 @@ import pytest
 from core.seeds import agent_seeds
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.answers import number_regex
-from tests.engines.conftest import LlamaServer
+from tests.engines.conftest import served
 from tests.support.fault_proxy import FaultProxy, first
 from tests.support.sql import q
-from tests.support.waiting import free_port
 
 pytestmark = pytest.mark.llm
 
@@ -37,10 +36,8 @@ PROMPT = (
 def server(tmp_path_factory):
     from engines.models import gguf_path
 
-    server = LlamaServer(gguf_path("gemma-3-270m"), free_port(), tmp_path_factory.mktemp("llama") / "server")
-    server.start()
-    yield server
-    server.stop()
+    with served(gguf_path("gemma-3-270m"), tmp_path_factory.mktemp("llama") / "server") as server:
+        yield server
 
 
 def openai_spec(base_url: str, **settings) -> dict:

@@ -57,6 +57,8 @@ class Row:
     rows: int
     nodes: dict[str, int]
     report_s: float | None = None
+    analyses_s: float = 0.0
+    arms: int = 1
 
 
 class MemorySampler:
@@ -139,7 +141,7 @@ def config(n: int, latency_s: float, args: argparse.Namespace, db: Path, ray_add
                     "num_cpus": args.actor_cpus,
                 }
             ],
-            "prompts": ["basic"],
+            "prompts": args.prompts.split(","),
         },
         "workers": {"ray_address": ray_address, "actors": args.actors, "shard_size": args.shard_size},
         "db": str(db),
@@ -166,8 +168,9 @@ def run_one(n: int, latency_s: float, args, workdir: Path, sampler: MemorySample
         rows = con.execute("select count(*) from guesses").fetchall()[0][0]
         shards = con.execute("select count(*) from shards").fetchall()[0][0]
         nodes = dict(con.execute("select node, count(*) from shards group by node order by node").fetchall())
-    if rows != n or summary["rows_written"] != n:
-        raise SystemExit(f"{n} agents: {rows} guesses stored, {summary['rows_written']} written — expected {n}")
+    arms = summary["arms"]
+    if rows != n * arms or summary["rows_written"] != n * arms:
+        raise SystemExit(f"{n} agents × {arms} arm(s): {rows} guesses stored, {summary['rows_written']} written — expected {n * arms}")
     report_s = None
     if args.report:
         from reports.export import write_reports
@@ -177,7 +180,7 @@ def run_one(n: int, latency_s: float, args, workdir: Path, sampler: MemorySample
         report_s = time.perf_counter() - t
     if not args.keep_db:
         db.unlink(missing_ok=True)
-    return Row(n, latency_s, wall, n / wall, peak / 2**20, cpu, shards, rows, nodes, report_s)
+    return Row(n, latency_s, wall, rows / wall, peak / 2**20, cpu, shards, rows, nodes, report_s, summary["analyses_s"], arms)
 
 
 def start_ray(args) -> tuple[str | None, object | None, float]:
@@ -222,12 +225,13 @@ def linear_fits(rows: list[Row]) -> list[str]:
         runs = [r for r in rows if r.latency_s == latency]
         if len({r.agents for r in runs}) < 2:
             continue
-        n = np.array([r.agents for r in runs], np.float64)
+        n = np.array([r.rows for r in runs], np.float64)  # agents × arms
+        unit = "agents" if all(r.arms == 1 for r in runs) else "decisions"
         wall = np.array([r.wall_s for r in runs])
         slope, fixed = np.polyfit(n, wall, 1)
         worst = float(np.abs(fixed + slope * n - wall).max())
         lines.append(
-            f"linear fit, latency {latency:g} s: wall ≈ {fixed:.1f} s + {slope * 1e6:.2f} s per million agents "
+            f"linear fit, latency {latency:g} s: wall ≈ {fixed:.1f} s + {slope * 1e6:.2f} s per million {unit} "
             f"(largest deviation {worst:.1f} s; beyond the fixed cost {1 / slope:,.0f} decisions/s)"
             if slope > 0 else f"linear fit, latency {latency:g} s: wall does not grow with agents here"
         )
@@ -240,11 +244,11 @@ def print_table(rows: list[Row], args, startup: dict[str, float]) -> None:
 
     console = Console(width=140)
     table = Table(title="keynes scale benchmark: simulated uniform agents, one round, full experiment flow")
-    columns = ["agents", "latency s", "wall s", "decisions/s", "peak memory MB", "CPU s", "shards", "rows in DuckDB"]
+    columns = ["agents", "latency s", "wall s", "decisions/s", "peak memory MB", "CPU s", "shards", "rows in DuckDB", "analyses s"]
     for column in columns + (["report page s"] if args.report else []):
         table.add_column(column, justify="right")
     for r in rows:
-        cells = [f"{r.agents:,}", f"{r.latency_s:g}", f"{r.wall_s:.1f}", f"{r.rate:,.0f}", f"{r.peak_mb:,.0f}", f"{r.cpu_s:.1f}", f"{r.shards}", f"{r.rows:,}"]
+        cells = [f"{r.agents:,}", f"{r.latency_s:g}", f"{r.wall_s:.1f}", f"{r.rate:,.0f}", f"{r.peak_mb:,.0f}", f"{r.cpu_s:.1f}", f"{r.shards}", f"{r.rows:,}", f"{r.analyses_s:.2f}"]
         table.add_row(*cells, *([f"{r.report_s:.1f}"] if args.report else []))
     console.print(table)
     console.print(
@@ -255,7 +259,8 @@ def print_table(rows: list[Row], args, startup: dict[str, float]) -> None:
     console.print(
         "startup (not in wall s): " + ", ".join(f"{k} {v:.1f} s" for k, v in startup.items())
         + ". Peak memory: summed RSS of the driver and every descendant process (all Ray processes, Prefect's API server);"
-        " CPU s: CPU time those processes used during the run.",
+        " CPU s: CPU time those processes used during the run; analyses s (in wall s): the τ fits and paired tests"
+        " the flow stores as each round lands.",
         highlight=False,
     )
     for line in linear_fits(rows):
@@ -281,6 +286,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--nodes", type=int, default=1, help="Ray nodes: >1 starts a local multi-node cluster.")
     parser.add_argument("--cpus-per-node", type=int, default=1, help="CPUs per node of the multi-node cluster.")
     parser.add_argument("--warmup", type=int, default=1000, help="Agents of the untimed warm-up run that starts Prefect's API (0: none).")
+    parser.add_argument("--prompts", default="basic",
+                        help="Comma-separated prompt modes, one arm each (basic,cot: two arms, compared by paired tests).")
     parser.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
                         help="After each run, build its report page (timed apart, not in wall s).")
     parser.add_argument("--workdir", default=None, help="Where the DuckDB files go (default: a temporary folder).")

@@ -1,5 +1,5 @@
 """The Prefect flow ``experiment``: config → personas → for each arm and round: play →
-environment → store → report.
+environment → store (the round, then its analyses) → report.
 
 The flow calls the stages in order, each in its module in ``tasks/`` (personas, play,
 environment, store, report), and publishes what the Prefect UI shows (``flows/monitor``);
@@ -117,7 +117,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     plan = round_plan(cfg, arms, finished)
     summary: dict[str, Any] = {
         "experiment_id": cfg.experiment_id, "db": str(cfg.db), "arms": len(arms),
-        "rounds_played": 0, "rows_written": 0, "rounds": {}, "complete": False,
+        "rounds_played": 0, "rows_written": 0, "rounds": {}, "complete": False, "analyses_s": 0.0,
     }
     if not any(plan.values()):
         # Nothing to play (e.g. a scheduled `continue: true` experiment that reached game.rounds):
@@ -214,6 +214,7 @@ def _play_arm(
         )
         seconds = time.perf_counter() - start
         store.store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
+        _analyse(warehouse, cfg.experiment_id, arm.run_id, round_, summary)
         monitor.publish_round(arm, round_, result, seconds)
         monitor.publish_workers(warehouse, cfg.experiment_id, since)
         summary["rounds_played"] += 1
@@ -221,3 +222,13 @@ def _play_arm(
     complete = finished.union(rounds) >= set(range(1, arm.rule.rounds + 1))
     summary["rounds"][arm.run_id] = {"played": rounds, "complete": complete}
     store.finish_run(warehouse, arm.run_id, "completed" if complete else "waiting")
+
+
+def _analyse(warehouse: store.Warehouse, experiment_id: str, run_id: str, round_: int, summary: dict[str, Any]) -> None:
+    """The analyses a stored round completes. A failure costs nothing stored: it is logged, and
+    the next round or ``keynes report`` computes what is missing."""
+    state = store.store_analyses(warehouse, experiment_id, run_id, round_, return_state=True)
+    if state.is_completed():
+        summary["analyses_s"] += state.result()["seconds"]
+    else:
+        get_run_logger().warning("analyses of %s round %d failed (%s); keynes report computes them later", run_id, round_, state.message)

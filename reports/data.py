@@ -181,7 +181,7 @@ class ReportData:
     @cached_property
     def tau(self) -> pl.DataFrame:
         """Cognitive-hierarchy τ per arm and round, and per persona attribute value."""
-        return self._view("cognitive_hierarchy_fit", "arm, round, attribute, value")
+        return self._view("cognitive_hierarchy_fit", "arm, round, attribute, value").filter(pl.col("status") == "computed")
 
     @cached_property
     def exact_by_attribute(self) -> pl.DataFrame:
@@ -191,8 +191,17 @@ class ReportData:
     @cached_property
     def paired(self) -> pl.DataFrame:
         """Paired comparisons of arms that differ in one factor, per round."""
-        frame = queries.view_rows(self.warehouse, "paired_comparisons", self.experiment_ids, "arm_a, arm_b, round")
+        frame = self._paired_rows.filter(pl.col("status") == "computed")
         return self._renumber(self._renumber(frame, "arm_a"), "arm_b")
+
+    @cached_property
+    def paired_missing(self) -> list[str]:
+        """Why rounds of the page have no paired comparison (the view's status), each once."""
+        return self._paired_rows.filter(pl.col("status") != "computed")["status"].unique(maintain_order=True).to_list()
+
+    @cached_property
+    def _paired_rows(self) -> pl.DataFrame:
+        return queries.view_rows(self.warehouse, "paired_comparisons", self.experiment_ids, "arm_a, arm_b, round")
 
     @cached_property
     def highlights(self) -> pl.DataFrame:

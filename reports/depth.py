@@ -173,8 +173,9 @@ def paired_comparisons(data: ReportData) -> list[pn.viewable.Viewable]:
     pairs = data.paired
     items: list[pn.viewable.Viewable] = [_md("## Paired comparisons")]
     if pairs.is_empty():
+        reasons = "; ".join(data.paired_missing) or "no rounds stored yet"
         return items + [_md("No two arms of this page differ in exactly one factor (prompt mode, model, temperature "
-                            "or game) with rounds played by both.")]
+                            f"or game) with rounds played by both ({reasons}).")]
     pairs = pairs.with_columns(pair=pl.format("arm {} {} − arm {} {} ({})", pl.col("arm_a"), pl.col("level_a"),
                                               pl.col("arm_b"), pl.col("level_b"), pl.col("factor")))
     items += [

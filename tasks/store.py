@@ -3,7 +3,9 @@
 The experiment's and its arms' rows and statuses open and close a run; play hands each
 batch of finished shards to ``commit_shards`` (one transaction, keyed so a re-played shard
 writes nothing twice); once every agent's guess is stored the round's outcome and winners
-are committed in one transaction, exactly once. Before a round, ``stored_round`` hands play
+are committed in one transaction, exactly once, and ``store_analyses`` then adds the τ fits
+and paired tests that round completes (so they are in the warehouse as soon as the round
+is, report or not). Before a round, ``stored_round`` hands play
 what is stored already (agents done, own guesses, history). The flow holds the warehouse only
 as the handle ``open_warehouse`` returns and passes it on: it calls no warehouse method itself,
 and neither does play.
@@ -11,6 +13,7 @@ and neither does play.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ from warehouse.store import Warehouse
 
 __all__ = [
     "StoredRound", "Warehouse", "begin_experiment", "begin_runs", "close_statuses", "commit_shards", "finish_experiment",
-    "finish_run", "finished_rounds", "load_round", "open_warehouse", "run_row", "store_groups", "store_outcome", "stored_round",
+    "finish_run", "finished_rounds", "load_round", "open_warehouse", "run_row", "store_analyses", "store_groups", "store_outcome", "stored_round",
 ]
 
 
@@ -164,3 +167,18 @@ def store_outcome(
 ) -> bool:
     """Commit the round's outcome and winners, and each group's (once); True if this call wrote them."""
     return warehouse.write_outcome(run_id, round_, outcome, seconds, groups)
+
+
+@task(name="analyses", cache_policy=NONE, retries=3, task_run_name="analyses-{run_id}-round-{round_}", **ON_TRANSIENT_ERRORS)
+def store_analyses(warehouse: Warehouse, experiment_id: str, run_id: str, round_: int) -> dict[str, Any]:
+    """After ``run_id``'s round ``round_`` is committed: store the τ fits and paired tests of the
+    experiment that are missing (this round's, and the pairs it completes; ``warehouse.analyses``).
+
+    Returns:
+        Rows written (``tau_fits``, ``paired_tests``) and ``seconds``.
+    """
+    from warehouse.analyses import refresh  # scipy: only once a round is stored
+
+    start = time.perf_counter()
+    written = refresh(warehouse, [experiment_id])
+    return {**written, "seconds": time.perf_counter() - start}

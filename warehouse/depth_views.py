@@ -11,6 +11,9 @@ from __future__ import annotations
 #: best responses stop once a step is this close: a step half a unit away is the
 #: equilibrium for an integer answer.
 EQUILIBRIUM_BAND = 0.5
+#: The status of a stored round whose analyses are missing (a warehouse written before keynes
+#: computed them as rounds land, or a failed computation).
+PENDING = "not computed yet: keynes report, or the next round stored, computes it"
 #: Steps are followed at most this far (2/3 of the average reaches the band at step 12).
 MAX_STEPS = 60
 
@@ -80,21 +83,44 @@ def static_views(arm_sql: str) -> dict[str, tuple[str, str]]:
         "cognitive_hierarchy_fit": (
             "Per arm and round, and per arm, round and persona attribute value (attribute/value NULL for the whole "
             "arm): the cognitive-hierarchy τ whose population mean equals the mean guess, with a bootstrap 95 % "
-            "interval; fit = 'no τ fits' when the mean lies outside [ch_mean_min, ch_mean_max]. Filled by keynes "
-            "when a report is built (table tau_fits).",
+            "interval; fit = 'no τ fits' when the mean lies outside [ch_mean_min, ch_mean_max]. Computed by keynes "
+            "as each round is stored (table tau_fits); status says 'computed', or why a stored round has no fit yet.",
             f"""SELECT a.experiment_id, f.run_id, a.arm, a.engine, a.model, a.prompt_mode, a.temperature, a.rule,
                        a.ratio, a."offset", a.low, a.high, f.round, f.attribute, f.value, f.n, f.mean,
-                       f.tau, f.tau_low, f.tau_high, f.fit, f.ch_mean_min, f.ch_mean_max, f.method, f.computed_at
-                FROM tau_fits f JOIN ({arm_sql}) a USING (run_id)""",
+                       f.tau, f.tau_low, f.tau_high, f.fit, f.ch_mean_min, f.ch_mean_max, f.method, f.computed_at,
+                       'computed' AS status
+                FROM tau_fits f JOIN ({arm_sql}) a USING (run_id)
+                UNION ALL BY NAME
+                SELECT a.experiment_id, r.run_id, a.arm, a.engine, a.model, a.prompt_mode, a.temperature, a.rule,
+                       a.ratio, a."offset", a.low, a.high, r.round, '{PENDING}' AS status
+                FROM rounds r JOIN ({arm_sql}) a USING (run_id)
+                WHERE NOT EXISTS (SELECT 1 FROM tau_fits f WHERE f.run_id = r.run_id AND f.round = r.round)""",
         ),
         "paired_comparisons": (
             "Per round, every pair of arms of one experiment that differ in exactly one factor (prompt mode, model, "
             "temperature or game), compared agent by agent: mean difference a − b with its 95 % t interval, median "
-            "difference and the Wilcoxon signed-rank p-value. Filled by keynes when a report is built (table paired_tests).",
-            f"""SELECT a.experiment_id, t.round, t.factor, a.arm AS arm_a, b.arm AS arm_b, t.level_a, t.level_b,
+            "difference and the Wilcoxon signed-rank p-value. Computed by keynes as each round is stored (table "
+            "paired_tests); status says 'computed', or, in one row per experiment and round without a comparison, why.",
+            f"""WITH arms_of AS (SELECT experiment_id, count(*) AS arms FROM ({arm_sql}) GROUP BY experiment_id),
+                stored AS (SELECT a.experiment_id, r.round, count(*) AS arms_stored,
+                                  count(*) FILTER (WHERE EXISTS (SELECT 1 FROM tau_fits f
+                                                                 WHERE f.run_id = r.run_id AND f.round = r.round)) AS analysed
+                           FROM rounds r JOIN ({arm_sql}) a USING (run_id) GROUP BY a.experiment_id, r.round)
+                SELECT a.experiment_id, t.round, t.factor, a.arm AS arm_a, b.arm AS arm_b, t.level_a, t.level_b,
                        t.run_a, t.run_b, t.n_pairs, t.mean_a, t.mean_b, t.mean_difference, t.ci95_low, t.ci95_high,
-                       t.median_difference, t.wilcoxon_statistic, t.wilcoxon_p, t.note, t.method, t.computed_at
-                FROM paired_tests t JOIN ({arm_sql}) a ON a.run_id = t.run_a JOIN ({arm_sql}) b ON b.run_id = t.run_b""",
+                       t.median_difference, t.wilcoxon_statistic, t.wilcoxon_p, t.note, t.method, t.computed_at,
+                       'computed' AS status
+                FROM paired_tests t JOIN ({arm_sql}) a ON a.run_id = t.run_a JOIN ({arm_sql}) b ON b.run_id = t.run_b
+                UNION ALL BY NAME
+                SELECT s.experiment_id, s.round,
+                       CASE WHEN n.arms = 1 THEN 'one arm: nothing to compare'
+                            WHEN s.arms_stored < n.arms THEN 'waiting: ' || (n.arms - s.arms_stored) || ' of '
+                                 || n.arms || ' arms have not stored this round yet'
+                            WHEN s.analysed < s.arms_stored THEN '{PENDING}'
+                            ELSE 'no two arms differ in exactly one factor' END AS status
+                FROM stored s JOIN arms_of n USING (experiment_id)
+                WHERE NOT EXISTS (SELECT 1 FROM paired_tests t JOIN runs x ON x.run_id = t.run_a
+                                  WHERE x.experiment_id = s.experiment_id AND t.round = s.round)""",
         ),
     }
 
@@ -133,7 +159,7 @@ def persona_views(arm_sql: str) -> dict[str, tuple[str, str]]:
         ),
         "reasoning_highlights": (
             "Per arm and round with reasoning texts: the lowest, median and highest valid guess and up to three "
-            f"winners (lowest agent ids), each with its reasoning and persona (from reasoning_texts).",
+            "winners (lowest agent ids), each with its reasoning and persona (from reasoning_texts).",
             """WITH t AS (SELECT *, row_number() OVER (PARTITION BY run_id, round ORDER BY guess, agent_id) AS position,
                                 count(*) OVER (PARTITION BY run_id, round) AS n_valid
                          FROM reasoning_texts WHERE valid)

@@ -42,6 +42,8 @@ def test_table_has_a_row_per_latency_with_every_agent(bench):
     rows = json.loads((work / "rows.json").read_text())
     assert [(r["agents"], r["latency_s"], r["rows"]) for r in rows] == [(N, 1.0, N), (N, 0.0, N)]
     assert all(r["wall_s"] > 0 and r["peak_mb"] > 0 and r["cpu_s"] > 0 for r in rows)
+    # the flow stored each round's τ fits as the round landed, inside the wall time
+    assert all(0 < r["analyses_s"] < r["wall_s"] for r in rows)
     # each run's report page is built after it, timed apart from the run
     assert all(r["report_s"] > 0 for r in rows)
     for latency in ("1", "0"):

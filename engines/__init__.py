@@ -67,6 +67,11 @@ class Sampling:
     min_p: float = 0.05
     repeat_penalty: float = 1.1
 
+    def chain(self) -> dict[str, float | int]:
+        """The filters and temperature by the names llama.cpp and vLLM share (their repetition
+        penalties are named differently and passed by each engine)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
+
 
 class SamplingSettings(BaseModel):
     """``arms.sampling``: the sampling chain of every arm, on every engine (temperature: ``arms.temperatures``)."""

@@ -250,10 +250,7 @@ class LlamaCppEngine(EngineBase):
             out = self.llm.create_completion(
                 self._tokens(request.prompt) if chat else request.prompt,
                 max_tokens=sampling.max_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                min_p=sampling.min_p,
+                **sampling.chain(),
                 repeat_penalty=sampling.repeat_penalty,
                 seed=seed,
                 grammar=grammar,

@@ -244,8 +244,7 @@ class _Run:
                 agent.kv = list(agent.prompt)
                 s = self.sampling
                 agent.sampler = completion_sampler(  # create_completion's chain, seeded as it seeds
-                    seq.llm, agent.seed, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, temperature=s.temperature,
-                    repeat_penalty=s.repeat_penalty,
+                    seq.llm, agent.seed, **s.chain(), repeat_penalty=s.repeat_penalty,
                 )
                 self.live[slot] = agent
                 self.sample(slot, agent, logits)

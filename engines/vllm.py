@@ -158,10 +158,7 @@ class VllmEngine(EngineBase):
         regex = batch.constraint.regex if batch.constraint is not None else None
         return [
             SamplingParams(
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                min_p=s.min_p,
+                **s.chain(),
                 repetition_penalty=s.repeat_penalty,
                 max_tokens=s.max_tokens,
                 seed=seed,

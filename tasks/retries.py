@@ -12,7 +12,7 @@ import duckdb
 import ray.exceptions
 from prefect.tasks import exponential_backoff
 
-from warehouse.files import WarehouseError
+from warehouse.files import DiskFullError, WarehouseError
 
 #: Errors worth another try: the engine (inside a Ray actor) or the machine, not the input.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -24,8 +24,9 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def is_transient(error: BaseException | None) -> bool:
-    """Whether an error comes from an engine or I/O (retry) rather than from the input (don't)."""
-    return isinstance(error, TRANSIENT_ERRORS)
+    """Whether an error comes from an engine or I/O (retry) rather than from the input (don't);
+    a full disk is I/O that no retry mends."""
+    return isinstance(error, TRANSIENT_ERRORS) and not isinstance(error, DiskFullError)
 
 
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:

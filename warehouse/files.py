@@ -8,7 +8,9 @@ the named views on open; a reader of an older file upgrades it once.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -29,6 +31,26 @@ _LOCK_MARKERS = ("Could not set lock", "Conflicting lock", "database is locked",
 
 class WarehouseError(RuntimeError):
     """The warehouse file cannot be used (missing directory, locked, not writable…)."""
+
+
+class DiskFullError(WarehouseError):
+    """The warehouse's file system is full: retrying cannot help, freeing space and rerunning does."""
+
+
+#: How DuckDB reports a full file system (it names the file it could not write).
+_DISK_FULL = "No space left on device"
+
+
+def disk_full(path: Path, error: BaseException) -> DiskFullError | None:
+    """``error`` as a one-line ``DiskFullError`` naming the file and the free space, if it is one."""
+    if _DISK_FULL not in str(error) and getattr(error, "errno", None) != errno.ENOSPC:
+        return None
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:,.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return DiskFullError(f"{path}: no space left on its file system ({free}); free some space and rerun the same "
+                         "command: it resumes without losing or repeating a row")
 
 
 class WarehouseFile:
@@ -123,14 +145,21 @@ class WarehouseFile:
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A write connection inside one transaction (rolled back on error)."""
+        """A write connection inside one transaction (rolled back on error; a full file system
+        raises ``DiskFullError``)."""
         with self.connect() as con:
             con.execute("BEGIN TRANSACTION")
             try:
                 yield con
                 con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
+            except BaseException as exc:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.TransactionException:
+                    pass  # a failed COMMIT has ended the transaction already
+                full = disk_full(self.path, exc)
+                if full is not None:
+                    raise full from exc
                 raise
 
     def query(self, sql: str, params: list[Any] | None = None) -> pl.DataFrame:

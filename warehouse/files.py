@@ -15,13 +15,15 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import duckdb
-import polars as pl
 
 from warehouse.schema import SCHEMA_VERSION, SchemaError, check_schema, migrate
 from warehouse.views import ensure_views, stale_views
+
+if TYPE_CHECKING:  # imported where frames are made: `keynes sql` reads this module without polars
+    import polars as pl
 
 #: The oldest DuckDB release that must read a new warehouse file (the stock CLI on PyPI).
 STORAGE_COMPATIBILITY = "v1.4.0"
@@ -185,4 +187,6 @@ def _needs_upgrade(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
 
 def frame_of(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = None) -> pl.DataFrame:
     """Run a query and return a polars frame (through Arrow, without a copy)."""
+    import polars as pl
+
     return pl.from_arrow(con.sql(query, params=params or None).to_arrow_table())

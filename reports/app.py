@@ -15,6 +15,7 @@ from reports.data import ReportData
 from reports.depth import exact_answers, paired_comparisons, read_the_agents, reasoning_depth
 from reports.figures import (BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block,
                              fmt, grid, table)
+from reports.pools import arm_published, published_pools
 
 HEADER_COLOR = "#2b4a6f"
 #: How many values an attribute may have and still get its own comparison figure.
@@ -85,6 +86,7 @@ def arm_section(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
                        "mean": "mean", "median": "median", "sd": "sd", "target": "target",
                        "winning_guess": "winning number", "n_winners": "winners",
                        "distance_to_equilibrium": "distance to equilibrium", "seconds": "seconds"}),
+        *arm_published(data, arm),
         grid(histograms),
         Convergence(data.convergence.filter(pl.col("arm") == arm), rule, reference, label),
     ]
@@ -172,6 +174,7 @@ def build_page(data: ReportData, title: str | None = None, served: bool = False)
     main = overview(data) + [_md("## Arms")]
     for arm in data.arms["arm"].to_list():
         main += arm_section(data, arm)
+    main += published_pools(data)
     main += comparisons(data) + reasoning_depth(data) + exact_answers(data) + paired_comparisons(data) + read_the_agents(data, served)
     main += answers_and_cost(data) + references(data)
     for row in data.experiments.iter_rows(named=True):

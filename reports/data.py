@@ -231,3 +231,40 @@ class ReportData:
         if self.comparing:
             return f"{self.names[row['experiment_id']]} · arm {row['experiment_arm']} · {row['prompt_mode']} · {row['model']}"
         return f"arm {arm} · {row['prompt_mode']} · {row['model']}"
+    @cached_property
+    def llm_pools(self) -> pl.DataFrame:
+        """Published LLM pools (``llm_reference``) that played an arm's rule, one row per arm and pool:
+        arm, source, citation, url, model, prompt_mode, setting, round, statistic, value, n, same_model."""
+        return self._renumber(queries.llm_rows(self.warehouse, self.experiment_ids)).drop("experiment_id")
+
+    @cached_property
+    def pool_table(self) -> pl.DataFrame:
+        """The arms that play a published pool's game beside those pools, lowest round-1 mean first.
+
+        One row per arm (``kind`` 'arm': its round-1 mean of valid guesses) and per published pool
+        (``kind`` 'published'): player, prompt_mode, mean, n, source, and ``same_model``, the
+        other side of a model match (the pool's name for an arm, the arms for a pool) or None;
+        ``arm`` is the arm's number, or for a pool the first arm of its model.
+        """
+        pools = self.llm_pools.filter((pl.col("round") == 1) & (pl.col("statistic") == "mean"))
+        if pools.is_empty():
+            return pl.DataFrame()
+        pools = pools.with_columns(player=pl.format("{} · {}", pl.col("model"), pl.col("source").str.split(" (").list.first()))
+        labels = {a: self.arm_label(a) for a in pools["arm"].unique().to_list()}
+        matched = pools.filter(pl.col("same_model"))
+        first = self.rounds.filter(pl.col("round") == 1).select("arm", "mean", "n_valid")
+        arms = pl.DataFrame({"arm": sorted(labels)}, schema={"arm": pl.Int32}).join(
+            self.arms.select(pl.col("arm").cast(pl.Int32), "prompt_mode"), on="arm", how="left").join(
+            first.with_columns(pl.col("arm").cast(pl.Int32)), on="arm", how="left")
+        arm_rows = arms.with_columns(
+            kind=pl.lit("arm"), player=pl.col("arm").replace_strict(labels, return_dtype=pl.String),
+            n=pl.col("n_valid").cast(pl.Int64), source=pl.lit("this page"),
+            same_model=pl.col("arm").replace_strict(
+                {a: ", ".join(g["player"]) for (a,), g in matched.group_by("arm")}, default=None, return_dtype=pl.String))
+        by_pool = matched.group_by("player").agg(pl.col("arm").min().alias("first_arm"), pl.col("arm").sort().alias("arms"))
+        pool_rows = pools.unique("player", maintain_order=True).join(by_pool, on="player", how="left").with_columns(
+            kind=pl.lit("published"), mean=pl.col("value"), arm=pl.col("first_arm").cast(pl.Int32),
+            same_model=pl.col("arms").list.eval(pl.format("arm {}", pl.element())).list.join(", "))
+        columns = ["kind", "arm", "player", "prompt_mode", "mean", "n", "source", "same_model"]
+        return pl.concat([arm_rows.select(columns), pool_rows.select(columns)]).sort("mean", "kind", nulls_last=True)
+

@@ -23,6 +23,7 @@ TARGET_COLOR = "#d62728"
 EQUILIBRIUM_COLOR = "#222222"
 MEAN_COLOR = "#1f77b4"
 HUMAN_COLOR = "#2ca02c"
+POOL_COLOR = "#8c8c8c"
 FIGURE_HEIGHT = 270
 MIN_WIDTH = 280
 LEGEND_WIDTH = 210
@@ -256,6 +257,28 @@ class BarsByArm(pn.viewable.Viewer):
                color=[ARM_COLORS[a % len(ARM_COLORS)] for a in self.frame["arm"].to_list()])
         p.xaxis.axis_label = self.axis
         p.x_range.start = 0
+        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
+
+
+class PoolMeans(pn.viewable.Viewer):
+    """Round-1 mean guess of the page's arms beside published LLM pools of the same game, one row
+    each, lowest first; a pool of an arm's own model is drawn in that arm's colour, others in grey."""
+
+    def __init__(self, pools: pl.DataFrame, title: str):
+        super().__init__()
+        self.pools, self.title = pools, title
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        rows = self.pools.filter(pl.col("mean").is_not_null())
+        players = rows["player"].to_list()
+        p = _figure(self.title, legend=True, height=max(200, 70 + 24 * len(players)), y_range=list(reversed(players)))
+        for kind, marker, label in (("arm", "circle", "arms of this page"), ("published", "diamond", "published LLM pools")):
+            r = rows.filter(pl.col("kind") == kind)
+            colors = [POOL_COLOR if a is None else ARM_COLORS[a % len(ARM_COLORS)] for a in r["arm"].to_list()]
+            if r.height:
+                p.scatter(r["mean"].to_numpy(), r["player"].to_list(), marker=marker, size=11, color=colors, legend_label=label)
+        p.x_range.start, p.x_range.end = 0, 100
+        p.xaxis.axis_label = "round-1 mean guess"
         return pn.pane.Bokeh(p, sizing_mode="stretch_width")
 
 

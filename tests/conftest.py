@@ -113,7 +113,7 @@ def session_cli(prefect_api, local_ray) -> tuple[dict[str, str], str]:
 #: so its module-scoped fixtures (a server, a cluster, an engine) are built on one worker only.
 SHARED = {
     "quickstart": ("tests/engines/test_llamacpp.py", "tests/flows/test_plan.py", "tests/reports/test_report.py",
-                   "tests/flows/test_experiments_configs.py", "tests/test_doc_commands.py"),
+                   "tests/flows/test_experiments_configs.py", "tests/test_doc_commands.py", "tests/reports/test_llm_pools.py"),
     "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_chat.py", "tests/benchmarks/test_vllm_throughput_smoke.py"),
 }
 

@@ -67,17 +67,25 @@ HUMAN_REFERENCE: list[Reference] = [
 ]
 
 
-def values_sql() -> str:
-    """The rows as a SQL ``VALUES`` list, in the column order of ``COLUMNS``."""
+def sql_values(rows: list, columns: tuple[str, ...]) -> str:
+    """Dataclass rows as a SQL ``VALUES`` list, each row's attributes in the order of ``columns``
+    (a tuple becomes a list)."""
 
     def lit(v: object) -> str:
         if v is None:
             return "NULL"
         if isinstance(v, str):
             return "'" + v.replace("'", "''") + "'"
+        if isinstance(v, tuple):
+            return "[" + ", ".join(lit(x) for x in v) + "]"
         return repr(v)
 
-    return ", ".join("(" + ", ".join(lit(getattr(r, c)) for c in COLUMNS) + ")" for r in HUMAN_REFERENCE)
+    return ", ".join("(" + ", ".join(lit(getattr(r, c)) for c in columns) + ")" for r in rows)
+
+
+def values_sql() -> str:
+    """The rows as a SQL ``VALUES`` list, in the column order of ``COLUMNS``."""
+    return sql_values(HUMAN_REFERENCE, COLUMNS)
 
 
 #: Columns of the view, in order.

@@ -55,6 +55,20 @@ def human_rows(warehouse: Warehouse, experiment_ids: list[str], kind: str) -> pl
     )
 
 
+def llm_rows(warehouse: Warehouse, experiment_ids: list[str]) -> pl.DataFrame:
+    """Published LLM pools (``llm_reference``) whose game rule matches an arm's: experiment_id, arm,
+    the reference's columns, and ``same_model`` (the arm's model matches the pool's ``model_match``)."""
+    return warehouse.query(
+        """SELECT a.experiment_id, a.arm, l.source, l.citation, l.url, l.model, l.model_id, l.prompt_mode, l.setting,
+                  l.players, l.runs, l.round, l.statistic, l.value, l.n,
+                  regexp_matches(a.model, l.model_match, 'i') AS same_model
+           FROM arms a JOIN llm_reference l
+             ON l.ratio = a.ratio AND l."offset" = a."offset" AND l.low = a.low AND l.high = a.high
+           WHERE list_contains(?, a.experiment_id) ORDER BY a.arm, l.round, l.value, l.model""",
+        [experiment_ids],
+    )
+
+
 def experiment_index(warehouse: Warehouse) -> pl.DataFrame:
     """One row per experiment for the report server's index: status, agents, arms, rounds
     played and planned, guesses stored (from the ``shards`` rows: cheap at any size), last update."""

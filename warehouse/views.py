@@ -14,7 +14,7 @@ import re
 import duckdb
 
 from core.personas import NOT_ATTRIBUTES
-from warehouse import depth_views, references
+from warehouse import depth_views, llm_references, references
 
 #: Attributes with more distinct values than this in an experiment are not treated as
 #: categories (free text, ids, raw ages): the demographic views leave them out.
@@ -152,6 +152,17 @@ def _static_views() -> dict[str, tuple[str, str]]:
                        round::INTEGER AS round, n::BIGINT AS n, mean::DOUBLE AS mean, median::DOUBLE AS median,
                        tau::DOUBLE AS tau, tau_low::DOUBLE AS tau_low, tau_high::DOUBLE AS tau_high
                 FROM (VALUES {references.values_sql()}) AS t({', '.join(f'"{c}"' for c in references.COLUMNS)})""",
+        ),
+        "llm_reference": (
+            "Published results of LLM players with their source, citation and url: per model and game rule, a "
+            "statistic (round-1 mean of GAMA-Bench's guessing game, Huang et al. 2025) with n, players, runs and "
+            "the per-run values; model_match is a case-insensitive regular expression an arm's model name matches "
+            "when it is the same model.",
+            f"""SELECT source, citation, url, model, model_id, model_match, prompt_mode, setting,
+                       players::INTEGER AS players, runs::INTEGER AS runs, ratio, "offset"::DOUBLE AS "offset",
+                       low::DOUBLE AS low, high::DOUBLE AS high, round::INTEGER AS round, statistic,
+                       value::DOUBLE AS value, n::BIGINT AS n, run_means::DOUBLE[] AS run_means, derivation
+                FROM (VALUES {llm_references.values_sql()}) AS t({', '.join(f'"{c}"' for c in llm_references.COLUMNS)})""",
         ),
         **depth_views.static_views(_ARM),
     }

@@ -46,12 +46,12 @@ def answers(rng: np.random.Generator, centre: float) -> list[str]:
     return [g if bad else v for v, bad, g in zip(values, garbage, picks)]
 
 
-def fill(path) -> Warehouse:
+def fill(path, arms: list = ARMS) -> Warehouse:
     rng = np.random.default_rng(2026)
     wh = Warehouse(path)
     wh.begin_experiment(EXPERIMENT, "views", {"name": "views"}, "0001", 1, N)
     wh.write_personas(EXPERIMENT, personas(rng))
-    for arm, mode, model, rule in ARMS:
+    for arm, mode, model, rule in arms:
         run_id = f"{EXPERIMENT}-arm{arm}"
         wh.begin_run({
             "run_id": run_id, "experiment_id": EXPERIMENT, "arm": arm, "engine": "fixture", "model": model,

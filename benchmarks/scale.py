@@ -184,16 +184,17 @@ def run_one(n: int, latency_s: float, args, workdir: Path, sampler: MemorySample
 
 
 def start_ray(args) -> tuple[str | None, object | None, float]:
-    """A local Ray (or a local multi-node cluster); returns (address, cluster, seconds)."""
-    from tasks.pool import ensure_ray
+    """A local Ray (or a local multi-node cluster), on 127.0.0.1; returns (address, cluster, seconds)."""
+    from tasks.pool import LOOPBACK, ensure_ray
 
     start = time.perf_counter()
     if args.nodes > 1:
         from ray.cluster_utils import Cluster
 
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": args.cpus_per_node, "include_dashboard": False})
+        node = {"num_cpus": args.cpus_per_node, "node_ip_address": LOOPBACK}
+        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
         for _ in range(args.nodes - 1):
-            cluster.add_node(num_cpus=args.cpus_per_node)
+            cluster.add_node(**node)
         cluster.wait_for_nodes()
         ensure_ray(cluster.address)
         return cluster.address, cluster, time.perf_counter() - start

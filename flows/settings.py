@@ -22,6 +22,12 @@ DEFAULTS: dict[str, str] = {
     # environment without the installed extras (llama.cpp, vLLM). Workers use this interpreter
     # instead; RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 gets Ray's behaviour back.
     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    # A local Ray on this machine only: on Linux Ray gives its node the machine's outward address
+    # (even for ray.init(_node_ip_address="127.0.0.1")) and its servers listen on every interface.
+    # "0" is Ray's macOS/Windows behaviour: node address 127.0.0.1, so the GCS, raylet, object
+    # manager, agents, metrics and workers all listen on loopback. Joining a cluster
+    # (workers.ray_address) takes the node's address from the cluster and is not affected.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
 }
 
 

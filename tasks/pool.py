@@ -1,13 +1,14 @@
 """The Ray worker pool: actors that each own one engine, kept for an experiment's rounds.
 
-``ensure_ray`` joins a cluster or starts a local Ray; ``pool_for`` gives the pool of an
-engine spec (created on first use, so a model loads once per actor and serves every
-round); ``run_pools`` plays jobs on several pools at once with a group-commit callback.
-The play stage and the personas stage (backstories) both use it.
+``ensure_ray`` joins a cluster or starts a local Ray (listening on 127.0.0.1 only);
+``pool_for`` gives the pool of an engine spec (created on first use, so a model loads once
+per actor and serves every round); ``run_pools`` plays jobs on several pools at once with
+a group-commit callback. The play stage and the personas stage (backstories) both use it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 from collections import deque
@@ -21,7 +22,7 @@ from engines.mixture import MixtureSpec
 from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
 from tasks.arms import Arm
 
-__all__ = ["WorkerPool", "check_resources", "ensure_ray", "pool_for", "run_pools", "shutdown_pools", "warm_pool"]
+__all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "run_pools", "shutdown_pools", "warm_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +32,19 @@ IN_FLIGHT_PER_ACTOR = 2
 
 _RAY: dict[str, Any] = {}
 
+#: The address a local Ray's node has, and so every server of it listens on: this machine only.
+#: ``ray.cluster_utils.Cluster`` nodes take it as ``node_ip_address``.
+LOOPBACK = "127.0.0.1"
+
 
 def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
     """Join a Ray cluster (``address``) or start a local Ray; idempotent.
 
     Returns what is known of the cluster: ``address`` and ``dashboard_url`` (or None).
-    A local Ray gets the machine's CPU count unless ``num_cpus`` says otherwise.
+    A local Ray gets the machine's CPU count unless ``num_cpus`` says otherwise, and listens
+    on 127.0.0.1 only: its node address is loopback when ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+    was set before Ray was imported (``flows.settings.apply`` sets it); otherwise a warning
+    says that it listens on every interface.
     """
     if not ray.is_initialized():
         # Ray 2.60 turns on token authentication by default; a local Ray on this machine
@@ -50,8 +58,13 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
             kwargs["address"] = "local"
             kwargs["num_cpus"] = num_cpus or os.cpu_count() or 2
             kwargs["include_dashboard"] = dashboard
+            kwargs["dashboard_host"] = LOOPBACK
             kwargs["object_store_memory"] = 1 << 30
         context = ray.init(**kwargs)
+        node = context.address_info.get("node_ip_address") or LOOPBACK
+        if not address and not ipaddress.ip_address(node).is_loopback:
+            log.warning("the local Ray listens on %s, reachable from other machines: set "
+                        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported to keep it on 127.0.0.1", node)
         _RAY.update(address=context.address_info.get("address"), dashboard_url=context.dashboard_url or None)
     return dict(_RAY)
 

@@ -10,14 +10,14 @@ in its own process so the cluster never mixes with a test session's local Ray.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# Workers share this interpreter: skip Ray's `uv run` environment replication.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+from flows import settings
+
+# keynes's process settings (workers share this interpreter, Ray on loopback), before Ray is imported.
+settings.apply({"RAY_AUTH_MODE": "disabled"})
 
 import ray
 from ray.cluster_utils import Cluster
@@ -28,7 +28,7 @@ from populations.sampler import sample
 from populations.spec import load_spec
 from tasks.arms import Arm
 from tasks.play import play_round
-from tasks.pool import pool_for, shutdown_pools
+from tasks.pool import LOOPBACK, pool_for, shutdown_pools
 from warehouse.store import Warehouse
 
 N, SHARD, ACTORS = 400, 20, 2
@@ -54,11 +54,12 @@ class CountingWarehouse(Warehouse):
 
 
 def main(db: str, out: str) -> None:
-    cluster = Cluster(
+    cluster = Cluster(  # every node on 127.0.0.1: this machine only
         initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECKS},
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "node_ip_address": LOOPBACK,
+                        "_system_config": FAST_HEALTH_CHECKS},
     )
-    workers = [cluster.add_node(num_cpus=2) for _ in range(2)]
+    workers = [cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK) for _ in range(2)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="ERROR")
     try:

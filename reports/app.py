@@ -161,7 +161,7 @@ def build_page(data: ReportData, title: str | None = None, served: bool = False)
     """
     o = data.overview
     page = pn.template.BootstrapTemplate(
-        title=title or f"keynes report · {' vs '.join(data.names[e] for e in data.experiment_ids)}",
+        title=title or f"keynes report · {' vs '.join(data.labels[e] for e in data.experiment_ids)}",
         header_background=HEADER_COLOR,
         sidebar_width=230,
     )
@@ -178,6 +178,6 @@ def build_page(data: ReportData, title: str | None = None, served: bool = False)
     main += comparisons(data) + reasoning_depth(data) + exact_answers(data) + paired_comparisons(data) + read_the_agents(data, served)
     main += answers_and_cost(data) + references(data)
     for row in data.experiments.iter_rows(named=True):
-        main += [_md(f"## Config{': ' + row['name'] if data.comparing else ''}"), config_block(row["config"])]
+        main += [_md(f"## Config{': ' + data.labels[row['experiment_id']] if data.comparing else ''}"), config_block(row["config"])]
     page.main.append(pn.Column(*main, sizing_mode="stretch_width"))
     return page

@@ -61,7 +61,7 @@ class ReportData:
 
     ``experiment_id`` is one experiment, or a list of several for a comparison page: then arms
     are numbered across the experiments in the order given (experiment A's arms first) and
-    grouped comparisons are keyed by "<experiment name>: <prompt mode / model / rule>".
+    grouped comparisons are keyed by "<experiment label>: <prompt mode / model / rule>" (``labels``).
     """
 
     warehouse: Warehouse
@@ -97,17 +97,23 @@ class ReportData:
         return frame.sort("arm", maintain_order=True) if self.comparing and "arm" in frame.columns else frame
 
     def _keyed(self, frame: pl.DataFrame, key: str) -> pl.DataFrame:
-        """On a comparison page, a group of one experiment is "<name>: <group>"."""
+        """On a comparison page, a group of one experiment is "<label>: <group>"."""
         if not self.comparing:
             return frame
-        names = self.names
-        return frame.with_columns(pl.concat_str(pl.col("experiment_id").replace_strict(names, return_dtype=pl.String),
+        return frame.with_columns(pl.concat_str(pl.col("experiment_id").replace_strict(self.labels, return_dtype=pl.String),
                                                 pl.lit(": "), pl.col(key).cast(pl.String)).alias(key))
 
     @cached_property
     def names(self) -> dict[str, str]:
         """Experiment id → name."""
         return dict(self.experiments.select("experiment_id", "name").iter_rows())
+
+    @cached_property
+    def labels(self) -> dict[str, str]:
+        """Experiment id → how the page names it: its name, or its id where another experiment of
+        the page has the same name (two runs of one deployment: ``quickstart-f2314a5b``)."""
+        names = list(self.names.values())
+        return {e: name if names.count(name) == 1 else e for e, name in self.names.items()}
 
     @cached_property
     def experiments(self) -> pl.DataFrame:
@@ -225,12 +231,6 @@ class ReportData:
         """τ fitted to human subject pools that played an arm's rule: arm, pool, source, mean, τ, interval."""
         return self._human("cognitive hierarchy")
 
-    def arm_label(self, arm: int) -> str:
-        """A short label: "arm 0 · basic · simulated/uniform" (on a comparison page, "<name> · arm 0 · …")."""
-        row = self.arms.filter(pl.col("arm") == arm).row(0, named=True)
-        if self.comparing:
-            return f"{self.names[row['experiment_id']]} · arm {row['experiment_arm']} · {row['prompt_mode']} · {row['model']}"
-        return f"arm {arm} · {row['prompt_mode']} · {row['model']}"
     @cached_property
     def llm_pools(self) -> pl.DataFrame:
         """Published LLM pools (``llm_reference``) that played an arm's rule, one row per arm and pool:
@@ -268,3 +268,9 @@ class ReportData:
         columns = ["kind", "arm", "player", "prompt_mode", "mean", "n", "source", "same_model"]
         return pl.concat([arm_rows.select(columns), pool_rows.select(columns)]).sort("mean", "kind", nulls_last=True)
 
+    def arm_label(self, arm: int) -> str:
+        """A short label: "arm 0 · basic · simulated/uniform" (on a comparison page, "<label> · arm 0 · …")."""
+        row = self.arms.filter(pl.col("arm") == arm).row(0, named=True)
+        if self.comparing:
+            return f"{self.labels[row['experiment_id']]} · arm {row['experiment_arm']} · {row['prompt_mode']} · {row['model']}"
+        return f"arm {arm} · {row['prompt_mode']} · {row['model']}"

@@ -8,6 +8,7 @@ Views and sections over ``ReportData`` frames read from the views ``reasoning_de
 from __future__ import annotations
 
 import html
+import math
 
 import numpy as np
 import panel as pn
@@ -16,12 +17,14 @@ from bokeh.models import ColumnDataSource, Whisker
 from bokeh.palettes import Viridis256
 
 from reports.data import ReportData
-from reports.figures import ARM_COLORS, HUMAN_COLOR, ByAttribute, CompareByRound, _figure, fmt, grid, table
+from reports.figures import ARM_COLORS, HUMAN_COLOR, ByAttribute, CompareByRound, _figure, _fit_legend, fmt, grid, table
 
 #: Colours of the classes that are not steps.
 CLASS_COLORS = {"above step 0": "#b0b0b0", "equilibrium": "#222222", "beyond equilibrium": "#8c564b"}
 #: How many values an attribute may have and still get its own τ figure.
 MAX_VALUES_PLOTTED = 12
+#: Level-k classes listed per legend column (more classes: more columns, not a taller figure).
+CLASSES_PER_COLUMN = 6
 #: Reasoning texts longer than this are cut on the static page (the served table has them whole).
 MAX_TEXT = 1200
 PICKS = ("lowest", "median", "highest", "winner")
@@ -67,7 +70,7 @@ class DepthShares(pn.viewable.Viewer):
             p.hbar_stack(classes, y="arm", height=0.6, source=ColumnDataSource(data),
                          color=[_class_color(c, steps) for c in classes], legend_label=classes)
         p.xaxis.axis_label = "% of valid guesses"
-        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
+        return pn.pane.Bokeh(_fit_legend(p, columns=max(1, math.ceil(len(classes) / CLASSES_PER_COLUMN))), sizing_mode="stretch_width")
 
 
 class TauByArm(pn.viewable.Viewer):
@@ -101,7 +104,7 @@ class TauByArm(pn.viewable.Viewer):
         ends = np.concatenate([source.data["high"], humans["tau_high"].to_numpy() if humans.height else []])
         p.x_range.start, p.x_range.end = 0, float(max(ends.max(initial=1.0), 1.0)) * 1.1
         p.xaxis.axis_label = "τ (mean number of thinking steps)"
-        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
+        return pn.pane.Bokeh(_fit_legend(p), sizing_mode="stretch_width")
 
 
 def reasoning_depth(data: ReportData) -> list[pn.viewable.Viewable]:
@@ -119,12 +122,13 @@ def reasoning_depth(data: ReportData) -> list[pn.viewable.Viewable]:
     labels = {a: data.arm_label(a) for a in data.arms["arm"].to_list()}
     rounds = sorted(data.depth["round"].unique().to_list())
     shown = sorted({rounds[0], rounds[-1]})
-    items.append(grid([DepthShares(data.depth, r, labels) for r in shown], columns=2))
+    # One per row: arm labels and these titles are long, and a legend of many classes is wide.
+    items.append(grid([DepthShares(data.depth, r, labels) for r in shown], columns=1))
     tau = data.tau
     if tau.is_empty():
         return items + [_md("τ fits: none stored yet (they are computed when a report is built).")]
     items.append(grid([TauByArm(tau, data.human_tau.filter(pl.col("arm").is_in(tau["arm"].unique().to_list())), r, labels)
-                       for r in shown], columns=2))
+                       for r in shown], columns=1))
     whole = tau.filter(pl.col("attribute").is_null()).with_columns(
         interval=pl.when(pl.col("tau_low").is_not_null()).then(
             pl.format("{} – {}", pl.col("tau_low").round(2), pl.col("tau_high").round(2))).otherwise(pl.lit("–")))

@@ -155,7 +155,7 @@ def write_reports(db: str | Path, out: str | Path, experiment: str | list[str] |
     for page in pages:
         target = out if len(pages) == 1 else out.with_name(f"{out.stem}-{page}{out.suffix or '.html'}")
         data = _data(warehouse, page)
-        title = "keynes report · " + " vs ".join(data.names[e] for e in data.experiment_ids)
+        title = "keynes report · " + " vs ".join(data.labels[e] for e in data.experiment_ids)
         written.append(save_html(build_page(data), target, title=title))
     return written
 

@@ -7,6 +7,7 @@ reference results are drawn as labelled lines. Views take frames from ``reports.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,10 @@ POOL_COLOR = "#8c8c8c"
 FIGURE_HEIGHT = 270
 MIN_WIDTH = 280
 LEGEND_WIDTH = 210
+#: A legend's height: LEGEND_BOX plus LEGEND_ROW per row of entries (9 pt labels, with its margins).
+LEGEND_ROW, LEGEND_BOX = 23, 37
+#: What a figure's height holds besides its frame: the title above, the x axis and its label below.
+FIGURE_CHROME = 75
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save,hover"
 TABLE_CSS = """
 table { border-collapse: collapse; font-size: 13px; }
@@ -54,19 +59,36 @@ def table(frame: pl.DataFrame, columns: dict[str, str], digits: int = 2) -> pn.p
                              stylesheets=[TABLE_CSS])
 
 
-def _figure(title: str, width: int | None = None, height: int = FIGURE_HEIGHT, legend: bool = False, **kwargs) -> figure:
+def _figure(title: str, width: int | None = None, height: int = FIGURE_HEIGHT, legend: bool | str = False, **kwargs) -> figure:
     """A figure as wide as its place on the page (or ``width`` pixels); with ``legend`` its
-    legend sits right of the plot, never over the data."""
+    legend sits right of the plot (``legend="below"``: under it, for a figure in a narrow column),
+    never over the data; ``_fit_legend`` then makes the figure tall enough for it."""
     # No toolbar drawn (it crowds titles and legends); hover, pan and wheel zoom still work.
-    size = ({"width": width + (LEGEND_WIDTH if legend else 0)} if width else
-            {"sizing_mode": "stretch_width", "min_width": MIN_WIDTH + (LEGEND_WIDTH if legend else 0)})
+    place = "right" if legend is True else legend
+    beside = LEGEND_WIDTH if place == "right" else 0
+    size = {"width": width + beside} if width else {"sizing_mode": "stretch_width", "min_width": MIN_WIDTH + beside}
     p = figure(title=title, height=height, tools=TOOLS, toolbar_location=None, **size, **kwargs)
-    if legend:
+    if place:
         # Added before any glyph, so every legend_label lands in this legend.
-        p.add_layout(Legend(label_text_font_size="9pt", click_policy="hide", border_line_alpha=0), "right")
+        p.add_layout(Legend(label_text_font_size="9pt", click_policy="hide", border_line_alpha=0, location="top_left"), place)
     p.title.text_font_size = "12pt"
     p.xgrid.grid_line_alpha = 0.3
     p.ygrid.grid_line_alpha = 0.3
+    return p
+
+
+def _fit_legend(p: figure, columns: int = 1, rows: int = 0) -> figure:
+    """Make ``p`` tall enough to show its legend whole (laid out in ``columns``, room for at least
+    ``rows``): a legend below the plot adds its height; one at the right needs a frame at least as
+    tall as itself."""
+    legend = p.legend[0]
+    legend.ncols = columns
+    needed = LEGEND_BOX + LEGEND_ROW * max(rows, math.ceil(len(legend.items) / columns))
+    if legend in p.below:
+        legend.margin = 0  # Bokeh centres it in the space added below the x axis
+        p.height += needed
+    else:
+        p.height = max(p.height, FIGURE_CHROME + needed)
     return p
 
 
@@ -102,7 +124,8 @@ class RoundHistogram(pn.viewable.Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         s = self.summary
-        p = _figure(f"Round {s['round']}: guesses (n = {s['n_valid']:,} valid)", legend=True,
+        # Rounds stand three in a row: the legend goes under each plot, where it has the column's width.
+        p = _figure(f"Round {s['round']}: guesses (n = {s['n_valid']:,} valid)", legend="below",
                     x_range=(self.rule["low"], self.rule["high"]))
         top = float(self.bins["n"].max() or 1) * 1.08
         p.quad(left=self.bins["bin_low"].to_numpy(), right=self.bins["bin_high"].to_numpy(), bottom=0,
@@ -118,7 +141,9 @@ class RoundHistogram(pn.viewable.Viewer):
         p.yaxis.axis_label = "agents"
         p.yaxis.ticker.min_interval = 1  # counts are whole agents
         p.y_range.start = 0
-        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
+        # Target, mean, equilibrium and the most human lines of any round: the arm's plots stand level.
+        rows = 3 + max(self.reference["round"].value_counts()["count"].to_list(), default=0)
+        return pn.pane.Bokeh(_fit_legend(p, rows=rows), sizing_mode="stretch_width")
 
 
 class Convergence(pn.viewable.Viewer):
@@ -152,7 +177,7 @@ class Convergence(pn.viewable.Viewer):
         p.xaxis.ticker = list(x) if len(x) else list(range(int(first), int(last) + 1))
         p.xaxis.axis_label = "round"
         p.yaxis.axis_label = "guess"
-        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
+        return pn.pane.Bokeh(_fit_legend(p), sizing_mode="stretch_width")
 
 
 class CompareByRound(pn.viewable.Viewer):
@@ -182,7 +207,7 @@ class CompareByRound(pn.viewable.Viewer):
         p.xaxis.ticker = rounds
         p.xaxis.axis_label = "round"
         p.yaxis.axis_label = self.axis
-        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
+        return pn.pane.Bokeh(_fit_legend(p), sizing_mode="stretch_width")
 
 
 class ByAttribute(pn.viewable.Viewer):
@@ -222,7 +247,7 @@ class ByAttribute(pn.viewable.Viewer):
         p.yaxis.ticker = list(range(len(values)))
         p.yaxis.major_label_overrides = {i: v for i, v in enumerate(values)}
         p.xaxis.axis_label = self.axis
-        return pn.pane.Bokeh(p, sizing_mode="stretch_width")
+        return pn.pane.Bokeh(_fit_legend(p), sizing_mode="stretch_width")
 
 
 class Composition(pn.viewable.Viewer):

@@ -106,17 +106,34 @@ def _template(title: str) -> pn.template.BootstrapTemplate:
     return pn.template.BootstrapTemplate(title=title, header_background=HEADER_COLOR, sidebar_width=230)
 
 
+def _as_on_load():
+    """The context in which a live page makes the panes it redraws, so they look as on a fresh load.
+
+    A page is redrawn with new panes put into its layouts, never by changing a shown pane's
+    text: Panel restyles such a pane, and one made while the page's callback runs, with its
+    template's stylesheets for a pane standing alone (Bootstrap's own heading sizes and code
+    colour over the template's). Panes made with no design are styled by the template, as on load.
+    """
+    return pn.config.set(design=None)
+
+
 def index_page(catalog: Catalog, refresh_s: float = REFRESH_S) -> pn.template.BaseTemplate:
     """The ``/`` page: every experiment of the served warehouses, kept current."""
     page = _template("keynes reports")
-    table = pn.pane.HTML(index_html(catalog.index()), sizing_mode="stretch_width", stylesheets=[INDEX_CSS])
+    def table(text: str) -> pn.pane.HTML:
+        return pn.pane.HTML(text, sizing_mode="stretch_width", stylesheets=[INDEX_CSS])
+
+    shown = {"text": index_html(catalog.index())}
+    holder = pn.Column(table(shown["text"]), sizing_mode="stretch_width")
     names = ", ".join(w.path.name for w in catalog.warehouses)
-    page.main.append(pn.Column(_md(f"## Experiments\nWarehouses: {names}"), table, sizing_mode="stretch_width"))
+    page.main.append(pn.Column(_md(f"## Experiments\nWarehouses: {names}"), holder, sizing_mode="stretch_width"))
 
     def refresh() -> None:
         text = index_html(catalog.index())
-        if text != table.object:
-            table.object = text
+        if text != shown["text"]:
+            shown["text"] = text
+            with _as_on_load():
+                holder.objects = [table(text)]
 
     pn.state.add_periodic_callback(refresh, period=int(refresh_s * 1000))
     return page
@@ -139,8 +156,11 @@ def experiment_page(catalog: Catalog, experiment_id: str | list[str] | None, ref
     warehouse = warehouses[0]
     subject = ids[0] if len(ids) == 1 else ids
     page = build_page(ReportData(warehouse, subject), served=True)
-    checked = _md("")
-    page.sidebar.append(pn.Column(checked, _md('[All experiments](./)')))
+    # What a refresh redraws, each replaced whole (see _as_on_load): the experiment's facts in the
+    # sidebar, the time of the last check, and the page's main column.
+    facts = pn.Column(*page.sidebar.objects, sizing_mode="stretch_width")
+    checked = pn.Column(sizing_mode="stretch_width")
+    page.sidebar[:] = [facts, checked, _md('[All experiments](./)')]
     # A short lock timeout: a page must not stall the server while a writer commits.
     probe = Warehouse(warehouse.path, lock_timeout_s=CHECK_LOCK_TIMEOUT_S)
     state = {"version": [experiment_version(warehouse, e) for e in ids]}
@@ -150,13 +170,14 @@ def experiment_page(catalog: Catalog, experiment_id: str | list[str] | None, ref
             version = [experiment_version(probe, e) for e in ids]
         except WarehouseError:
             return  # a writer holds the file: look again at the next tick
-        checked.object = f"*Live: checked {time.strftime('%H:%M:%S')}*"
-        if version == state["version"]:
-            return
-        state["version"] = version
-        fresh = build_page(ReportData(warehouse, subject), served=True)
-        page.main[0].objects = fresh.main[0].objects
-        page.sidebar[0].object = fresh.sidebar[0].object
+        with _as_on_load():
+            checked.objects = [_md(f"*Live: checked {time.strftime('%H:%M:%S')}*")]
+            if version == state["version"]:
+                return
+            state["version"] = version
+            fresh = build_page(ReportData(warehouse, subject), served=True)
+            page.main[0].objects = fresh.main[0].objects
+            facts.objects = fresh.sidebar.objects
 
     pn.state.add_periodic_callback(refresh, period=int(refresh_s * 1000))
     return page

@@ -1,7 +1,8 @@
 """Headless Chromium driven over the DevTools protocol (through a pipe, no extra packages).
 
 Opens a page offline, records console messages, exceptions and network requests, reads
-the rendered text through shadow roots, inspects every canvas and takes a screenshot.
+the rendered text through shadow roots, inspects every canvas, every Bokeh plot's title and
+legend boxes and the computed styles of elements, and takes a screenshot.
 """
 
 from __future__ import annotations
@@ -63,6 +64,57 @@ CANVASES = """
             layers: layers.length, inked: layers.reduce((s, c) => s + inked(c), 0)};
   });
 })()
+"""
+
+
+# Every Bokeh figure, found through Bokeh's views: its title text, and the page boxes (left, top,
+# right, bottom in CSS pixels) of its canvas, of its title's drawn text and of its legends.
+PLOTS = """
+(() => {
+  const plots = [], seen = new Set();
+  const walk = (view) => {
+    if (!view || seen.has(view)) return;
+    seen.add(view);
+    if (view.model && view.model.type === 'Figure') plots.push(view);
+    if (typeof view.children === 'function') for (const child of view.children()) walk(child);
+  };
+  for (const root of Bokeh.index.roots) walk(root);
+  const edges = (r) => ({left: r.left, top: r.top, right: r.right, bottom: r.bottom});
+  return plots.map((plot) => {
+    const canvas = plot.canvas_view.el.getBoundingClientRect();
+    const out = {title: plot.model.title ? plot.model.title.text : '', canvas: edges(canvas), legends: [], titles: []};
+    for (const view of plot.children()) {
+      if (view.model.type === 'Legend') {
+        const box = view.el.getBoundingClientRect();  // legends are HTML laid over the canvas
+        if (box.width > 0) out.legends.push(edges(box));
+      } else if (view.model.type === 'Title' && view._rect) {
+        // The title is drawn on the canvas: where its text went, from its anchor point and size.
+        const {sx, sy, width, height} = view._rect, anchor = view.anchor;
+        const left = canvas.left + sx - anchor.x * width, top = canvas.top + sy - anchor.y * height;
+        out.titles.push({left, top, right: left + width, bottom: top + height});
+      }
+    }
+    return out;
+  });
+})()
+"""
+
+# Elements matching a CSS selector, in the document and every shadow root: tag, text and the
+# computed values of the given CSS properties.
+STYLES = """
+((selector, properties) => {
+  const found = [];
+  const walk = (root) => {
+    root.querySelectorAll(selector).forEach((e) => found.push(e));
+    root.querySelectorAll('*').forEach((e) => { if (e.shadowRoot) walk(e.shadowRoot); });
+  };
+  walk(document);
+  return found.map((e) => {
+    const style = getComputedStyle(e);
+    return {tag: e.tagName.toLowerCase(), text: e.textContent.trim(),
+            style: Object.fromEntries(properties.map((p) => [p, style.getPropertyValue(p)]))};
+  });
+})
 """
 
 
@@ -203,6 +255,15 @@ class Chromium:
 
     def canvases(self) -> list[dict[str, Any]]:
         return self.evaluate(CANVASES)
+
+    def plots(self) -> list[dict[str, Any]]:
+        """Every Bokeh figure: ``title`` and the page boxes of its ``canvas``, ``titles`` and ``legends``."""
+        return self.evaluate(PLOTS)
+
+    def styles(self, selector: str, properties: list[str]) -> list[dict[str, Any]]:
+        """Elements matching ``selector`` (through shadow roots): ``tag``, ``text`` and ``style``,
+        the computed value of each of ``properties``."""
+        return self.evaluate(f"{STYLES}({json.dumps(selector)}, {json.dumps(properties)})")
 
     def screenshot(self, path: str | Path, full_page: bool = True) -> Path:
         """A PNG of the page (the whole scrollable height when ``full_page``)."""

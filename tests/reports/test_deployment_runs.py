@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 
@@ -19,7 +18,7 @@ from flows.experiment import experiment
 from tests.conftest import REPO
 from tests.reports.browser import CHROMIUM, Chromium
 from tests.support.sql import q
-from tests.support.waiting import free_port, wait_for
+from tests.support.waiting import answers, free_port, wait_for
 
 #: One deployment's config; its runs differ in the seed (as a run form's parameters would).
 RUN = {
@@ -85,14 +84,6 @@ def test_two_runs_of_one_deployment_compare_on_one_drawn_page(runs, pages):
     assert f"keynes report · {ids[0]} vs {ids[1]}" in text
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def test_the_report_server_prints_no_bokeh_validation_messages(runs, pages, tmp_path):
     db, ids = runs
     port, log = free_port(), tmp_path / "server.log"
@@ -102,7 +93,7 @@ def test_the_report_server_prints_no_bokeh_validation_messages(runs, pages, tmp_
                                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     errors, drawn = {}, {}
     try:
-        wait_for(lambda: server.poll() is not None or _answers(base + "/"), 120, "the report server")
+        wait_for(lambda: server.poll() is not None or answers(base + "/"), 120, "the report server")
         assert server.poll() is None, log.read_text()
         with Chromium(allow=("127.0.0.1",)) as browser:
             for path, canvases in [("/", 0), (f"/experiment?id={ids[0]}", 10), (f"/experiment?id={ids[0]}&id={ids[1]}", 10)]:

@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -17,7 +16,7 @@ from flows.experiment import experiment
 from tests.conftest import REPO
 from tests.reports.browser import CHROMIUM, Chromium
 from tests.support.sql import q
-from tests.support.waiting import free_port, wait_for
+from tests.support.waiting import answers, free_port, wait_for
 
 #: Simulated agents (no LLM is needed to watch pages change); one round per run. Two tests play a
 #: round each, so a round is still to play (the experiment is waiting) whatever their order.
@@ -37,14 +36,6 @@ LOOKS = ["font-size", "font-weight", "font-family", "color", "margin-top"]
 
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, prefect_api, local_ray):
     """One round of a `continue` experiment, and `keynes report --serve` of its warehouse."""
@@ -57,7 +48,7 @@ def served(tmp_path_factory, prefect_api, local_ray):
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: server.poll() is not None or _answers(base + "/"), 120, "the report server")
+        wait_for(lambda: server.poll() is not None or answers(base + "/"), 120, "the report server")
         assert server.poll() is None, server.stderr.read()
         yield {"db": db, "base": base, "experiment_id": summary["experiment_id"], "server": server}
     finally:

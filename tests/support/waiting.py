@@ -67,3 +67,14 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, interval
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def answers(url: str, timeout_s: float = 30) -> bool:
+    """Whether ``url`` answers HTTP 200 now (a server not yet up, or refusing, is False)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except OSError:
+        return False

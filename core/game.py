@@ -53,6 +53,8 @@ class GameRule(BaseModel):
         fraction = parse_fraction(value)
         if fraction < 0:
             raise ValueError(f"{value!r} is negative")
+        if fraction >= 2**1023:  # targets are computed in floats
+            raise ValueError(f"{value!r} is too large")
         return str(fraction)
 
     @model_validator(mode="after")
@@ -80,7 +82,8 @@ class GameRule(BaseModel):
         """
         if self.fraction >= 1:
             return self.high
-        return _clamp(float(Fraction(self.offset) / (1 - self.fraction)), self.low, self.high)
+        # Clamped exactly, then made a float: a huge offset gives `high`, not an OverflowError.
+        return float(_clamp(Fraction(self.offset) / (1 - self.fraction), Fraction(self.low), Fraction(self.high)))
 
     def target(self, mean: float) -> float:
         """ratio × mean + offset, clamped to [low, high]."""

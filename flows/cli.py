@@ -46,8 +46,11 @@ START_A_SERVER = "start a server (prefect server start) and export PREFECT_API_U
 
 
 def fail(message: str) -> None:
-    """Print one line and exit with status 2."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print one line and exit with status 2. The message is printed as it is (a key such as
+    ``[/]`` is no markup, ``:x:`` no emoji) and on one line."""
+    from rich.text import Text
+
+    console.print(Text.assemble(("error:", "bold red"), " ", " ".join(message.splitlines())), highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -296,6 +299,8 @@ def sql(
         fail(str(exc))
     except duckdb.Error as exc:
         fail(str(exc).splitlines()[0])
+    except OSError as exc:  # a --db name the file system refuses (too long)
+        fail(f"--db: {str(db)!r}: {exc.strerror or exc}")
     if format_ == "csv":
         sys.stdout.write(rows.csv())
     elif format_ == "json":
@@ -398,7 +403,11 @@ def report(
     from reports.data import ExperimentNotFound
     from warehouse.store import WarehouseError
 
-    if not db.exists() and not serve:
+    try:
+        missing = not db.exists()
+    except OSError as exc:  # a name the file system refuses (too long)
+        fail(f"--db: {str(db)!r}: {exc.strerror or exc}")
+    if missing and not serve:
         fail(f"--db: {str(db)!r} does not exist")
     if serve and not db.parent.is_dir():
         fail(f"--db: directory {str(db.parent)!r} of {str(db)!r} does not exist")
@@ -420,7 +429,13 @@ def report(
             fail(f"--out: directory {str(out_.parent)!r} does not exist")
         from reports.export import write_reports
 
-        for path in write_reports(db, out_, experiment):
+        try:
+            if out_.is_dir():
+                fail(f"--out: {str(out_)!r} is a directory")
+            pages = write_reports(db, out_, experiment)
+        except OSError as exc:  # an --out name the file system refuses (too long)
+            fail(f"--out: {str(out_)!r}: {exc.strerror or exc}")
+        for path in pages:
             out.print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)", highlight=False)
     except (ExperimentNotFound, WarehouseError) as exc:
         fail(str(exc).strip("'\""))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any, Union
 
@@ -37,6 +38,38 @@ def _engine_union() -> Any:
 
 
 EngineConfig = _engine_union()
+
+
+def _template_problem(path: str) -> str | None:
+    """Why a prompt template (a file in prompts/ or an absolute path) cannot be compiled, or
+    None: missing, unreadable, a Jinja2 syntax error, an include that is missing."""
+    import jinja2
+
+    from prompts.render import template_variables
+
+    try:
+        template_variables(path)
+    except jinja2.TemplateNotFound as exc:
+        return f"template {path!r} not found" if Path(path).name == exc.name else f"template {path!r}: include {exc.name!r} not found"
+    except jinja2.TemplateSyntaxError as exc:
+        return f"template {path!r}, line {exc.lineno}: {' '.join(str(exc.message).split())}"
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"template {path!r} cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
+def _not_finite(data: Any) -> tuple[str, float] | None:
+    """The dotted path and value of the first NaN or infinite number in a config's data."""
+    pending: list[tuple[tuple[str, ...], Any]] = [((), data)]
+    while pending:
+        where, value = pending.pop(0)
+        if isinstance(value, float) and not math.isfinite(value):
+            return ".".join(where), value
+        if isinstance(value, dict):
+            pending += [((*where, str(k)), v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            pending += [((*where, str(i)), v) for i, v in enumerate(value)]
+    return None
 
 
 class Strict(BaseModel):
@@ -77,6 +110,8 @@ class PopulationConfig(Strict):
             self.load()
         except FileNotFoundError:
             raise ValueError(f"spec {self.spec!r} not found (neither a file nor a name in populations/)") from None
+        except OSError as exc:  # a folder, a name too long for the file system
+            raise ValueError(f"population.spec: {self.spec!r} cannot be read ({exc.strerror})") from None
         except ValidationError as exc:
             if self.attributes is not None:
                 raise
@@ -95,7 +130,12 @@ class CustomPrompt(Strict):
 
     @model_validator(mode="after")
     def _exists(self) -> "CustomPrompt":
-        self.mode()
+        try:
+            problem = _template_problem(self.mode().template)
+        except OSError as exc:  # a name too long for the file system
+            problem = f"template {self.template!r} cannot be read ({exc.strerror})"
+        if problem:
+            raise ValueError(problem)
         return self
 
     def mode(self):
@@ -113,7 +153,7 @@ class ArmsConfig(Strict):
     """The arms of the experiment: every combination of engine × prompt mode × game × temperature."""
 
     engines: list[EngineConfig] = Field(  # type: ignore[valid-type]
-        default_factory=lambda: [engines.spec_class("simulated")()],
+        default_factory=lambda: [engines.spec_class("simulated")()], min_length=1,
         description="Engines, each a mapping with `kind:` (llamacpp, openai, simulated, vllm) and its settings; "
         "`kind: mixture` with `components: [{engine: {...}, fraction: 0.5}, ...]` plays several engines in one game.",
     )
@@ -133,9 +173,12 @@ class ArmsConfig(Strict):
     @field_validator("prompts")
     @classmethod
     def _known_modes(cls, prompts: list[str | CustomPrompt]) -> list[str | CustomPrompt]:
-        for mode in prompts:
+        for i, mode in enumerate(prompts):
             if isinstance(mode, str) and mode not in MODES and not mode.endswith(".j2"):
                 raise ValueError(f"unknown prompt mode {mode!r}; available: {', '.join(sorted(MODES))}")
+            problem = _template_problem(mode) if isinstance(mode, str) and mode not in MODES else None
+            if problem:  # a template file named as a mode
+                raise ValueError(f"arms.prompts.{i}: {problem}")
         return prompts
 
     @field_validator("temperatures")
@@ -185,7 +228,7 @@ class ScheduleConfig(Strict):
         if zone is not None:
             try:
                 zoneinfo.ZoneInfo(zone)
-            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
                 raise ValueError(f"unknown time zone {zone!r} (an IANA name such as Europe/Berlin)") from None
         return zone
 
@@ -203,7 +246,7 @@ class ExperimentConfig(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True, validate_by_name=True)
 
     name: str = Field(description="The experiment's name; with the config hash it identifies the experiment.")
-    seed: int = Field(0, ge=0, description="The seed every random choice derives from.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="The seed every random choice derives from.")
     population: PopulationConfig = Field(default_factory=PopulationConfig, description="Who plays.")
     game: GameRule = Field(default_factory=GameRule, description="The rule of the game.")
     arms: ArmsConfig = Field(default_factory=ArmsConfig, description="What is compared.")
@@ -220,6 +263,9 @@ class ExperimentConfig(Strict):
 
     @model_validator(mode="after")
     def _groups_and_games_fit(self) -> "ExperimentConfig":
+        where = _not_finite(self.model_dump())
+        if where:
+            raise ValueError(f"{where[0]}: {where[1]}: input should be a finite number")
         spec = self.population.load()
         if self.groups is not None and self.groups.by is not None and self.groups.by not in spec.attributes:
             known = ", ".join(spec.attributes) or "none"
@@ -229,7 +275,37 @@ class ExperimentConfig(Strict):
                 game.apply(self.game)
             except ValidationError as exc:
                 raise ValueError(f"arms.games.{i}: {exc.errors(include_url=False)[0]['msg'].removeprefix('Value error, ')}") from None
+        for i, prompt in enumerate(self.arms.prompts):
+            if isinstance(prompt, str) and prompt in MODES and MODES[prompt].needs_backstory and not self.population.backstories.enabled:
+                raise ValueError(f"arms.prompts.{i}: mode {prompt!r} shows each persona's backstory, but population.backstories "
+                                 "is not enabled (enable it, or use the 'persona' mode)")
+        self._own_templates_render(spec)
         return self
+
+    def _own_templates_render(self, spec: PopulationSpec) -> None:
+        """Render each user template as rounds 1 and 2 for three personas of the population, so
+        that a template that cannot render (an unknown variable, ``{{ 1/0 }}``) stops the run
+        before it writes anything."""
+        from dataclasses import replace
+
+        from populations.sampler import sample
+        from tasks.budget import longest_prompts
+
+        own = {i: p if isinstance(p, str) else p.name for i, p in enumerate(self.arms.prompts) if not (isinstance(p, str) and p in MODES)}
+        if not own:
+            return
+        personas = sample(spec, 3, self.seed)
+        if self.groups is not None:
+            personas = personas.with_columns(self.groups.assign(personas, self.seed))
+        arms = self.arms_list()
+        for i, name in own.items():
+            arm = next(a for a in arms if a.prompt_mode == name)
+            try:
+                for rounds in sorted({1, min(arm.rule.rounds, 2)}):
+                    longest_prompts(replace(arm, rule=arm.rule.with_overrides(rounds=rounds)), personas)
+            except Exception as exc:  # the user's template: whatever it raises is its own error
+                raise ValueError(f"arms.prompts.{i}: template {arm.mode.template!r} does not render ({type(exc).__name__}: "
+                                 f"{' '.join(str(exc).split())})") from None
 
     @property
     def config_hash(self) -> str:

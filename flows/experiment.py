@@ -45,8 +45,8 @@ def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, dict[st
     for arm in arms:
         try:
             out[arm.run_id] = arm.engine.prompting()
-        except ModelError as exc:
-            raise ConfigError(f"arms.engines.{_engine_index(cfg, arm)}: {exc}") from None
+        except (ModelError, OSError, ValueError) as exc:  # also a path that is no model file, or too long a name
+            raise ConfigError(f"arms.engines.{_engine_index(cfg, arm)}: {getattr(exc, 'strerror', None) or exc}") from None
     return out
 
 

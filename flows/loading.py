@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +35,22 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
         ConfigError: one line naming the field path and the bad value.
     """
     if isinstance(source, dict):
-        text = json.dumps(source)  # read back below: the same plain data, in the same order
         origin = "config"
+        try:
+            text = json.dumps(source)  # read back below: the same plain data, in the same order
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ConfigError(f"{origin}: not plain data ({str(exc).splitlines()[0]})") from None
     else:
         path = Path(source)
-        origin = str(path)
-        if not path.exists():
-            raise ConfigError(f"{origin}: no such config file")
-        text = path.read_text()
+        origin = str(path) if str(path).isprintable() else repr(str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{origin}: no such config file") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{origin}: not UTF-8 text (byte {exc.start})") from None
+        except (OSError, ValueError) as exc:  # a folder, a name too long, a NUL in the name
+            raise ConfigError(f"{origin}: cannot read the config ({getattr(exc, 'strerror', None) or exc})") from None
     key = json.dumps([origin, text, list(overrides)])
     if key not in _PARSED:
         if len(_PARSED) >= _PARSED_MAX:
@@ -51,16 +60,65 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
 
 
 def _yaml(origin: str, text: str) -> dict:
+    """``yaml.safe_load``, refusing what it would take silently (a key given twice: the later
+    would win) or fail on without a YAML error (a 13th month, a 5,000-digit number)."""
     try:
-        data = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is not None:
+                _check_nodes(origin, loader, root)
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{origin}: {where}invalid YAML ({problem})") from None
+    except RecursionError:
+        raise ConfigError(f"{origin}: invalid YAML (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: expected a mapping of settings, got {type(data).__name__}")
     return data
+
+
+def _check_nodes(origin: str, loader: yaml.SafeLoader, root: yaml.Node) -> None:
+    """Construct every scalar of the document (keys and values) and compare each mapping's
+    keys, walking the nodes without recursion; an error names the field path and line."""
+    pending: list[tuple[tuple[str, ...], yaml.Node]] = [((), root)]
+    seen: set[int] = set()  # an alias is its anchor's node: each once (and no loop)
+
+    def scalar(path: tuple[str, ...], node: yaml.Node) -> Any:
+        try:
+            return loader.construct_object(node)
+        except (ValueError, OverflowError) as exc:
+            where = ".".join(map(_part, path)) or origin
+            raise ConfigError(f"{where}: {_shown(node.value)} on line {node.start_mark.line + 1} is not valid YAML ({exc})") from None
+
+    while pending:
+        path, node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            scalar(path, node)
+        elif isinstance(node, yaml.SequenceNode):
+            pending += [((*path, str(i)), item) for i, item in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            lines: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    pending.append((path, value_node))  # merged mappings; unhashable keys fail in construction
+                    continue
+                key = scalar(path, key_node)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, Hashable) and key in lines:
+                    where = ".".join(map(_part, (*path, str(key))))
+                    raise ConfigError(f"{where}: given twice (lines {lines[key]} and {line} of {origin}); keep one")
+                if isinstance(key, Hashable):
+                    lines[key] = line
+                pending.append(((*path, str(key)), value_node))
 
 
 def _parse(origin: str, data: dict, overrides: list[str] | tuple[str, ...]) -> ExperimentConfig:
@@ -79,33 +137,33 @@ def apply_override(data: dict, item: str) -> None:
     key, raw = item.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, OverflowError, RecursionError):  # not YAML: the text itself
         value = raw
     parts = key.strip().split(".")
+    if "" in parts:
+        raise ConfigError(f"--set {_shown(item)}: expected dotted.key=value, without empty keys")
     node: Any = data
-    for i, part in enumerate(parts[:-1]):
+    for i, part in enumerate(parts):
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"{'.'.join(parts[: i + 1])}: no item {part!r} in a list of {len(node)}")
-            node = node[int(part)]
-            continue
-        nxt = node.get(part)
-        if nxt is None:
-            nxt = node[part] = {}
-        node = nxt
-    last = parts[-1]
-    if isinstance(node, list):
-        if not last.isdigit() or int(last) >= len(node):
-            raise ConfigError(f"{key}: no item {last!r} in a list of {len(node)}")
-        node[int(last)] = value
-    else:
-        node[last] = value
+                raise ConfigError(f"{'.'.join(map(_part, parts[: i + 1]))}: no item {_shown(part)} in a list of {len(node)}")
+            index: Any = int(part)
+        elif isinstance(node, dict):
+            index = part
+        else:  # a number or text where the key needs a mapping
+            raise ConfigError(f"{'.'.join(map(_part, parts[:i]))}: {_shown(node)} has no field {_shown(part)} (--set {_shown(key)})")
+        if i == len(parts) - 1:
+            node[index] = value
+            return
+        if isinstance(node, dict) and node.get(part) is None:
+            node[part] = {}
+        node = node[index]
 
 
 def format_error(exc: ValidationError, data: Any = None) -> str:
     """The first validation error as ``field.path: message`` with the bad value."""
     error = exc.errors(include_url=False)[0]
-    loc = [str(p) for p in error["loc"]]
+    loc = [_part(str(p)) for p in error["loc"]]
     # A discriminated union puts the engine kind in the path: drop it.
     kinds = [*engines.available(), "mixture"]
     loc = [p for i, p in enumerate(loc) if not (i > 0 and (loc[i - 1].isdigit() or loc[i - 1] == "engine") and p in kinds)]
@@ -130,6 +188,8 @@ def format_error(exc: ValidationError, data: Any = None) -> str:
         return f"{path if loc[-1] == 'kind' else path + '.kind'}: unknown engine {bad!r}; available: {', '.join(engines.available())}"
     if kind == "missing":
         return f"{path}: required"
+    if kind == "invalid_key":  # YAML reads `1:` or `null:` as a number or None
+        return f"{path}: unknown key (a key is a name, not {_shown(error.get('input'))})"
     if kind == "value_error" and not loc:  # whole-config checks name their own field path
         return message.removeprefix("Value error, ")
     if kind in ("value_error", "assertion_error"):
@@ -137,9 +197,21 @@ def format_error(exc: ValidationError, data: Any = None) -> str:
         if message.startswith((f"{path}.", f"{path}:")):  # the check named its own, deeper field path
             return message
         if isinstance(value, (str, int, float)) and repr(value) not in message and str(value) not in message:
-            return f"{path}: {value!r}: {message}"
+            return f"{path}: {_shown(value)}: {message}"
         return f"{path}: {message}"
-    return f"{path}: {value!r}: {message[0].lower() + message[1:]}" if not isinstance(value, dict) else f"{path}: {message}"
+    return f"{path}: {_shown(value)}: {message[0].lower() + message[1:]}" if not isinstance(value, dict) else f"{path}: {message}"
+
+
+def _part(key: str) -> str:
+    """A key as an error path shows it: as typed, or quoted when it holds more than letters,
+    digits, ``_`` and ``-`` (an empty key, a dot, a line break)."""
+    return key if re.fullmatch(r"[\w-]+|\[key\]", key) else repr(key)
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, shortened to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _engine_model_at(data: Any, loc: tuple) -> type[BaseModel] | None:

@@ -201,7 +201,9 @@ def serve(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field in every deployment: dotted.key=value (repeatable).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Flow runs at once across deployments (each starts its own local Ray unless workers.ray_address is set).")] = 1,
     report_port: Annotated[int, typer.Option("--report-port", min=0, help="The port of the report server started beside the deployments (0: none).")] = 5006,
-    report_host: Annotated[str, typer.Option("--report-host", help="The address the report server binds: 127.0.0.1 (this machine only) or e.g. 0.0.0.0 to share the pages on the network (no login: anyone who reaches the port reads them).")] = "127.0.0.1",
+    report_host: Annotated[str, typer.Option("--report-host", help="The address the report server binds: 127.0.0.1 (this machine only, no login) or e.g. 0.0.0.0 to share the pages on the network, behind a login: KEYNES_REPORT_PASSWORD or --report-credentials (or --report-public).")] = "127.0.0.1",
+    report_credentials: Annotated[Optional[Path], typer.Option("--report-credentials", help='A JSON file of users and passwords ({"ada": "a long password"}) for the login of a shared report server (instead of KEYNES_REPORT_PASSWORD).')] = None,
+    report_public: Annotated[bool, typer.Option("--report-public", help="Share the report server beyond this machine with no login: anyone who reaches the port reads every experiment.")] = False,
 ) -> None:
     """Serve deployments of the experiment flow, with each config's schedule, until stopped.
 
@@ -210,12 +212,14 @@ def serve(
 
     Runs start on schedule (`schedule: {cron: ...}` or `{interval_s: ...}` in the config) or
     from the Prefect UI / `prefect deployment run 'experiment/NAME'`. Needs a Prefect server:
-    `prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api`.
+    `prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api`. Ctrl-C
+    stops it within seconds; a run it interrupts ends Crashed, its experiment `interrupted`.
 
     Example: keynes serve experiments/quickstart.yaml --set population.size=1000
     """
     if not _LOG_LEVEL_CHOSEN:  # flow-run logs belong in the UI
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
+    login = report_login(report_host, report_credentials, report_public, "report-") if report_port else None
     from flows.config import ConfigError
     from flows.loading import load_config
     from warehouse.store import Warehouse, WarehouseError
@@ -250,17 +254,50 @@ def serve(
         problem = port_taken(report_host, report_port)
         if problem:
             fail(f"--report-port: {problem}")
+        from reports.login import describe
         from reports.server import start_in_background
 
         # Flow runs are child processes: the variable tells them where their pages are.
-        os.environ[REPORT_URL_ENV] = start_in_background(dbs, report_host, report_port)
+        os.environ[REPORT_URL_ENV] = start_in_background(dbs, report_host, report_port, login)
         console.print(f"[bold]reports[/]: {os.environ[REPORT_URL_ENV]}/ (every experiment of "
-                      f"{', '.join(sorted({p.name for p in dbs}))}, live)", highlight=False)
+                      f"{', '.join(sorted({p.name for p in dbs}))}, live; {describe(login, report_host)})", highlight=False, soft_wrap=True)
     else:
         console.print("reports: no report server (start one: keynes report --serve --db FILE)", highlight=False)
     for deployment in deployments:
         console.print(f"[bold]experiment/{deployment.name}[/]: {deployment.description}", highlight=False)
-    serve_deployments(deployments, limit=limit)
+    from prefect.settings import PREFECT_UI_URL
+
+    from flows.processes import release
+
+    where = f"the Prefect UI ({PREFECT_UI_URL.value()}/deployments)" if PREFECT_UI_URL.value() else "the Prefect UI"
+    console.print(f"serving: run them from {where} or `prefect deployment run 'experiment/NAME'`; Ctrl-C stops", highlight=False)
+    try:
+        interrupted = serve_deployments(deployments, limit=limit)
+    finally:
+        release()  # nothing keynes serve started outlives it, and its record goes with it
+    for run in interrupted:
+        marked = f"; experiment {run.experiment_id} marked interrupted" if run.experiment_id else ""
+        console.print(f"stopped flow run '{run.name}' ({run.state}){marked}", highlight=False)
+    console.print("keynes serve stopped", highlight=False)
+    # Nothing is left to do: exit now rather than after the interpreter's teardown of Panel's and
+    # Prefect's threads and modules (seconds on a busy machine); exit handlers (log flushes) run.
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def report_login(host: str, credentials: Path | None, public: bool, prefix: str = "") -> str | dict[str, str] | None:
+    """The login of a report server bound to ``host`` (reports/login.py); exit 2 with one line
+    when it is shared with neither a login nor ``--public``, or its credentials file is bad."""
+    from reports.login import LoginError, login_for
+
+    try:
+        return login_for(host, credentials, public, prefix)
+    except LoginError as exc:
+        fail(str(exc))
 
 
 def port_taken(host: str, port: int) -> str | None:
@@ -392,8 +429,10 @@ def report(
     experiment: Annotated[Optional[list[str]], typer.Option("--experiment", help="An experiment name (its newest run) or id; repeat it for one page comparing several; default: every experiment.")] = None,
     out_: Annotated[Path, typer.Option("--out", help="The HTML file (one per experiment: <stem>-<experiment id>.html when there are several).")] = Path("report.html"),
     serve: Annotated[bool, typer.Option("--serve", help="Serve live pages of every experiment instead of writing a file.")] = False,
-    host: Annotated[str, typer.Option("--host", help="The address --serve binds: 127.0.0.1 (this machine only) or e.g. 0.0.0.0 to share the pages on the network (no login: anyone who reaches the port reads them).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option("--host", help="The address --serve binds: 127.0.0.1 (this machine only, no login) or e.g. 0.0.0.0 to share the pages on the network, behind a login: KEYNES_REPORT_PASSWORD or --credentials (or --public).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="The port of --serve.")] = 5006,
+    credentials: Annotated[Optional[Path], typer.Option("--credentials", help='A JSON file of users and passwords ({"ada": "a long password"}) for the login of a shared --serve (instead of KEYNES_REPORT_PASSWORD).')] = None,
+    public: Annotated[bool, typer.Option("--public", help="Share --serve beyond this machine with no login: anyone who reaches the port reads every experiment.")] = False,
 ) -> None:
     """Build the report page of an experiment: one offline HTML file, or a live report server.
 
@@ -413,6 +452,8 @@ def report(
         fail(f"--db: directory {str(db.parent)!r} of {str(db)!r} does not exist")
     try:
         if serve:
+            login = report_login(host, credentials, public)
+            from reports.login import describe
             from reports.server import serve_reports
             from reports.urls import page_url, public_url
 
@@ -420,10 +461,10 @@ def report(
             if problem:
                 fail(f"--port: {problem}")
             base = public_url(host, port)
-            console.print(f"serving every experiment of {db} on {base}/ (Ctrl-C stops)", highlight=False)
+            console.print(f"serving every experiment of {db} on {base}/ ({describe(login, host)}; Ctrl-C stops)", highlight=False, soft_wrap=True)
             for name in experiment or []:
                 console.print(f"{name}: {page_url(base, name)}", highlight=False)
-            serve_reports([db], host=host, port=port)
+            serve_reports([db], host=host, port=port, login=login)
             return
         if not out_.parent.exists():
             fail(f"--out: directory {str(out_.parent)!r} does not exist")

@@ -1,47 +1,144 @@
-"""Input errors fail a flow run as one line: in its state, in its log, without a traceback.
+"""How a flow run ends when it cannot finish: in one line, without a traceback.
 
 A config or warehouse problem (a bad override typed in the UI's run form, a missing folder)
-is the user's to fix, and its message says how; a traceback would only hide it. Other
-exceptions are bugs and keep Prefect's usual handling, traceback included.
+is the user's to fix, and its message says how; a traceback would only hide it. An
+interrupt (Ctrl-C, a SIGTERM) marks the experiment and its unfinished arms ``interrupted`` in
+the warehouse, and the run ends as Prefect ends an interrupted run: Crashed, "Execution was
+aborted by an interrupt signal" (or by "a termination signal", "Python system exit call").
+Other exceptions are bugs and keep Prefect's usual handling, traceback included.
+
+A flow run that ``keynes serve`` started runs in its own process, whose output is the serve
+console's: there its tasks' INFO lines (four per round and arm) go to the Prefect UI only.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from prefect import get_run_logger
+from prefect.exceptions import TerminationSignal
+from prefect.logging.handlers import PrefectConsoleHandler
 from prefect.states import Failed
 
 from flows.config import ConfigError
+from flows.loading import load_config
+from tasks import store
 from warehouse.store import WarehouseError
 
 #: Errors whose message is the whole story (each names the field or file and the value).
 INPUT_ERRORS: tuple[type[Exception], ...] = (ConfigError, WarehouseError)
+#: How a run is stopped from outside: Ctrl-C, or a SIGTERM (Prefect raises it as TerminationSignal;
+#: while the flow waits on Ray, Ray's driver raises it as SystemExit).
+INTERRUPTS: tuple[type[BaseException], ...] = (KeyboardInterrupt, TerminationSignal, SystemExit)
+#: Seconds an interrupted run waits for its warehouse (a reader may hold it a moment).
+MARK_LOCK_TIMEOUT_S = 2.0
 
 
-class _NoInputTracebacks(logging.Filter):
-    """Drops Prefect's "exited with unexpected exception" records (and their tracebacks) when
-    the exception is an input error: the run already failed with its one line."""
+def _expected(record: logging.LogRecord) -> bool:
+    """Whether a log record carries an input error or an interrupt, which the run reports in one line."""
+    error = record.exc_info[1] if record.exc_info else None
+    return isinstance(error, INPUT_ERRORS + INTERRUPTS)
+
+
+class _NoExpectedTracebacks(logging.Filter):
+    """Drops Prefect's "exited with unexpected exception" / "interrupted by base exception"
+    records (and their tracebacks) for input errors and interrupts: the run already ended
+    with its one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return not isinstance(error, INPUT_ERRORS)
+        return not _expected(record)
+
+
+class _TaskRunsToTheUIOnly(logging.Filter):
+    """On a served flow run's console: drops the task runs' INFO records (they still reach the UI)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not record.name.startswith("prefect.task_runs")
 
 
 # A deployment's flow run runs in `python -m prefect.engine`, which raises the Failed state's
-# exception once more and logs it with a traceback twice: on the flow run's logger (sent to the
-# API) and on the engine's.
+# exception (or the interrupt) once more and logs it with a traceback twice: on the flow run's
+# logger (sent to the API) and on the engine's.
 for _name in ("prefect.flow_runs", "prefect.engine"):
-    logging.getLogger(_name).addFilter(_NoInputTracebacks())
+    logging.getLogger(_name).addFilter(_NoExpectedTracebacks())
+
+
+def _served_run_quietly() -> None:
+    """In a flow run's own process (a runner sets PREFECT__FLOW_RUN_ID), unless ``keynes
+    --verbose``: no task-run INFO on the console, and no traceback for an interrupt that
+    ends the process (Python would print it once more on the way out)."""
+    if not os.environ.get("PREFECT__FLOW_RUN_ID") or os.environ.get("KEYNES_VERBOSE"):
+        return
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler):
+            handler.addFilter(_TaskRunsToTheUIOnly())
+    previous = sys.excepthook
+
+    def excepthook(kind, value, traceback) -> None:
+        if not isinstance(value, INTERRUPTS):
+            previous(kind, value, traceback)
+
+    sys.excepthook = excepthook
+
+
+_served_run_quietly()
+
+
+def mark_interrupted(config: str | dict, overrides: list[str] | None = None, db: str | None = None) -> str | None:
+    """Mark the experiment of a flow run's parameters, and its arms still running, ``interrupted``.
+
+    Returns:
+        The experiment id, or None when there is nothing to mark (no valid config, no
+        warehouse yet) or the warehouse could not be written (a warning says why).
+    """
+    try:
+        cfg = load_config(config, list(overrides or []) + ([f"db={db}"] if db else []))
+    except ConfigError:
+        return None
+    if not Path(cfg.db).exists():
+        return None
+    try:
+        store.mark_interrupted(store.open_warehouse(cfg.db, lock_timeout_s=MARK_LOCK_TIMEOUT_S), cfg.experiment_id)
+    except Exception as exc:  # an interrupted run must still end
+        logging.getLogger(__name__).warning("could not mark %s interrupted in %s: %s", cfg.experiment_id, cfg.db, exc)
+        return None
+    return cfg.experiment_id
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ignore a second Ctrl-C or SIGTERM while an interrupted run records that it was."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+
+
+def _as_parameter(message: str) -> str:
+    """An override error names the flow's ``overrides`` parameter, not the CLI's ``--set``:
+    in a flow run, overrides come from its parameters (the UI's run form, ``run_deployment``)."""
+    return "overrides " + message.removeprefix("--set ") if message.startswith("--set ") else message
 
 
 def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a flow function: an input error becomes a Failed state with its message.
+    """Wrap the ``experiment`` flow function: an input error becomes a Failed state with its
+    message; an interrupt marks the experiment interrupted and goes on to Prefect.
 
     The exception travels as the state's data, so a caller of the flow (``keynes run``)
-    gets it raised as it was.
+    gets it raised with the state's message.
     """
 
     @functools.wraps(fn)
@@ -49,8 +146,12 @@ def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except INPUT_ERRORS as exc:
-            message = str(exc)
+            message = _as_parameter(str(exc))
             get_run_logger().error(message)
-            return Failed(message=message, data=exc)
+            return Failed(message=message, data=exc if message == str(exc) else type(exc)(message))
+        except INTERRUPTS:
+            with _signals_held():
+                mark_interrupted(*args, **kwargs)
+            raise
 
     return wrapper

@@ -4,7 +4,9 @@ Prefect's temporary API server (uvicorn) is a child that outlives a killed paren
 ``keynes run``/``serve`` starts a small watchdog that Linux signals when its parent dies
 (``PR_SET_PDEATHSIG``); it follows the parent's descendants while the parent lives and ends
 those still running when it goes. It also keeps them in a record file, so that if the
-watchdog itself is killed, the next ``keynes`` start ends what is left and says so.
+watchdog itself is killed, the next ``keynes`` start ends what is left and says so. A command
+that stops by itself (``keynes serve`` on Ctrl-C) calls ``release``: all of it is gone, the
+record too, before the command exits.
 
 A process can appear and lose its parent between two looks: Ray's raylet starts its agents,
 and dies with the driver (Ray's own fate sharing), so agents started just before a SIGKILL
@@ -70,6 +72,26 @@ def end(processes: list[psutil.Process], grace_s: float = GRACE_S) -> list[psuti
     return processes
 
 
+def running(proc: psutil.Process) -> bool:
+    """Whether a process still runs (a zombie does not: it only waits for its parent to reap it)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def kill(processes: list[psutil.Process], wait_s: float = 1.0) -> None:
+    """SIGKILL the processes; wait up to ``wait_s`` until none of them runs."""
+    for proc in processes:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + wait_s
+    while any(running(p) for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def clean_leftovers(directory: Path | None = None) -> list[str]:
     """End what earlier, killed commands left running; one line per record cleaned.
 
@@ -122,6 +144,26 @@ def guard(command: str) -> list[str]:
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None, close_fds=True,
     )]
     return lines
+
+
+def release(grace_s: float = 1.0) -> None:
+    """For a command that stops by itself (``keynes serve`` on Ctrl-C): end what it started that
+    still runs, then its watchdog, which removes the record; all before the command exits."""
+    if not _WATCHDOG:
+        return
+    watchdog = _WATCHDOG.pop()
+    me = psutil.Process()
+    left = [p for p in me.children(recursive=True) if p.pid != watchdog.pid]
+    if os.environ.get(TAG):
+        left += [p for p in tagged(os.environ[TAG], {me.pid, watchdog.pid}) if p not in left]
+    end(left, grace_s)
+    watchdog.terminate()  # it looks once more for marked processes, then removes the record
+    try:
+        watchdog.wait(grace_s + POLL_S + 1.0)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
+        (records_dir() / f"{me.pid}.json").unlink(missing_ok=True)
 
 
 def _write(path: Path, command: str, parent: psutil.Process, children: list[tuple[int, float, str]]) -> None:

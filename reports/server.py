@@ -2,12 +2,15 @@
 
 ``/`` lists the experiments (status, agents, arms, rounds, last update); ``/experiment?id=ID``
 is one experiment's page. Each open page checks its warehouse every few seconds and redraws
-itself when a round, shard or status landed, so a running experiment needs no reload.
+itself when a round, shard or status landed, so a running experiment needs no reload. A server
+shared beyond this machine asks for a login first (reports/login.py).
 """
 
 from __future__ import annotations
 
 import html
+import logging
+import secrets
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -190,8 +193,26 @@ def websocket_origins(host: str, port: int) -> list[str]:
     return ["*"]  # shared on a network (--host): any browser that can reach the port
 
 
+class _ClosedTabs(logging.Filter):
+    """Drops what a tab that closes while its page is being updated leaves in the log: asyncio's
+    "Task exception was never retrieved" for tornado's WebSocketClosedError (a 12-line traceback)
+    and Bokeh's and Panel's "Failed sending message as connection was closed". Closing a tab is
+    not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from tornado.websocket import WebSocketClosedError
+
+        if record.exc_info and isinstance(record.exc_info[1], WebSocketClosedError):
+            return False
+        return record.getMessage() != "Failed sending message as connection was closed"
+
+
+_CLOSED_TABS = _ClosedTabs()
+
+
 def serve_reports(
-    dbs: list[str | Path], host: str = "127.0.0.1", port: int = 5006, threaded: bool = False, refresh_s: float = REFRESH_S
+    dbs: list[str | Path], host: str = "127.0.0.1", port: int = 5006, threaded: bool = False, refresh_s: float = REFRESH_S,
+    login: str | dict[str, str] | None = None,
 ):
     """Serve the index and experiment pages of the warehouses ``dbs``.
 
@@ -202,8 +223,14 @@ def serve_reports(
         threaded: return at once with the server running on a thread (``.stop()`` ends it);
             otherwise block until interrupted.
         refresh_s: seconds between two checks of an open page's warehouse.
+        login: who may read the pages (reports/login.py's ``login_for``): a password, users and
+            passwords, or None for no login. With one, every page and its websocket need Panel's
+            basic-auth login (a form at ``/login``); its cookie is signed with a secret drawn for
+            this server alone.
     """
     catalog = Catalog(dbs)
+    for name in ("asyncio", "bokeh.server.views.ws", "panel.io.document"):
+        logging.getLogger(name).addFilter(_CLOSED_TABS)
 
     def experiment() -> pn.template.BaseTemplate:
         # /experiment?id=A is one experiment's page; /experiment?id=A&id=B compares them.
@@ -211,19 +238,20 @@ def serve_reports(
         return experiment_page(catalog, ids[0] if len(ids) == 1 else ids, refresh_s)
 
     routes = {"/": lambda: index_page(catalog, refresh_s), "/experiment": experiment}
+    auth = {"basic_auth": login, "cookie_secret": secrets.token_urlsafe(32)} if login else {}
     return pn.serve(routes, address=host, port=port, show=False, threaded=threaded, title="keynes reports",
-                    websocket_origin=websocket_origins(host, port), verbose=False)
+                    websocket_origin=websocket_origins(host, port), verbose=False, **auth)
 
 
-def start_in_background(dbs: list[str | Path], host: str, port: int) -> str:
+def start_in_background(dbs: list[str | Path], host: str, port: int, login: str | dict[str, str] | None = None) -> str:
     """Start the report server on a daemon thread of this process (it ends with the process,
-    never holding up its exit); return its public base URL."""
+    never holding up its exit), with ``login`` as in ``serve_reports``; return its public base URL."""
     import asyncio
     import threading
 
     def run() -> None:
         asyncio.set_event_loop(asyncio.new_event_loop())
-        serve_reports(dbs, host=host, port=port)
+        serve_reports(dbs, host=host, port=port, login=login)
 
     threading.Thread(target=run, name="keynes-reports", daemon=True).start()
     return public_url(host, port)

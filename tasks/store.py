@@ -31,7 +31,7 @@ from warehouse.store import Warehouse
 
 __all__ = [
     "StoredRound", "Warehouse", "begin_experiment", "begin_runs", "close_statuses", "commit_shards", "finish_experiment",
-    "finish_run", "finished_rounds", "load_round", "open_warehouse", "run_row", "store_analyses", "store_groups", "store_outcome", "stored_round",
+    "finish_run", "finished_rounds", "load_round", "mark_interrupted", "open_warehouse", "run_row", "store_analyses", "store_groups", "store_outcome", "stored_round",
 ]
 
 
@@ -107,6 +107,11 @@ def close_statuses(warehouse: Warehouse, experiment_id: str, run_ids: list[str])
         for run_id in run_ids:
             warehouse.finish_run(run_id)
         warehouse.finish_experiment(experiment_id)
+
+
+def mark_interrupted(warehouse: Warehouse, experiment_id: str) -> None:
+    """Mark an experiment and its arms still ``running`` as ``interrupted`` (Ctrl-C, SIGTERM)."""
+    warehouse.interrupt(experiment_id)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,13 @@ class Warehouse(WarehouseFile):
         with self.transaction() as con:
             con.execute("UPDATE runs SET status = ?, finished_at = now() WHERE run_id = ?", [status, run_id])
 
+    def interrupt(self, experiment_id: str) -> None:
+        """Mark an experiment and those of its runs still ``running`` as ``interrupted``."""
+        with self.transaction() as con:
+            for table in ("runs", "experiments"):
+                con.execute(f"UPDATE {table} SET status = 'interrupted', finished_at = now() "
+                            "WHERE experiment_id = ? AND status = 'running'", [experiment_id])
+
     def experiment_created_at(self, experiment_id: str) -> datetime | None:
         """When an experiment was first recorded (None when it is not, or the file is missing)."""
         if not self.path.exists():

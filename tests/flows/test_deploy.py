@@ -314,3 +314,150 @@ def test_a_bad_override_from_the_ui_fails_in_one_line_without_a_traceback(report
                         and any(expected in log.message for log in found) and found, 30, "the run's logs")
     text = "\n".join(log.message for log in logs)
     assert "Traceback" not in text and "Encountered exception" not in text, text
+
+
+def test_the_rounds_summary_links_the_runs_live_page_and_each_run_keeps_its_own_file(reporting):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: reporting["api"]}):
+        run = run_deployment("experiment/reporting", parameters={"overrides": ["seed=5"]}, timeout=240, poll_interval=2)
+    assert run.state.is_completed(), (run.state, reporting["log"].read_text()[-3000:])
+    experiment_id = run.name.split(":")[0]
+    rounds = next(a for a in _run_artifacts(reporting["api"], run.id) if a.key == f"{experiment_id}-rounds")
+    # The link is the run's own page on the report server, over HTTP (a file:// link does
+    # nothing when clicked in the UI), and the page answers.
+    link = re.search(r"\]\((\S+)\)", rounds.data).group(1)
+    assert link == f"{reporting['reports']}/experiment?id={experiment_id}" and "file://" not in rounds.data
+    assert httpx.get(link, timeout=60).status_code == 200
+    # The file the report stage wrote is this experiment's: another run's overrides do not overwrite it.
+    assert (reporting["folder"] / f"reporting-report-{experiment_id}.html").exists()
+    assert [t.name for t in _task_runs(reporting["api"], run.id) if t.name.startswith("report")] == [f"report-{experiment_id}"]
+
+
+def _task_runs(api: str, flow_run_id) -> list:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with _client(api) as client:
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+
+#: Simulated agents that take 1 s per wave of 5: a run still plays when Ctrl-C comes.
+SLOW = {
+    "name": "slow",
+    "seed": 2,
+    "population": {"size": 40},
+    "game": {"rounds": 30},
+    "arms": {"engines": [{"kind": "simulated", "latency_s": 1.0, "concurrency": 5}], "prompts": ["basic"]},
+    "workers": {"actors": 1, "shard_size": 20},
+    "report": {"enabled": False},
+}
+#: One quick round and its report page, written with no report server to link.
+FILED = {**TICKER, "name": "filed", "schedule": None, "continue": False, "report": {"enabled": True},
+         "arms": {"engines": [{"kind": "simulated"}], "prompts": ["basic"]}}
+#: Seconds a single Ctrl-C may take to stop `keynes serve` with a run in progress.
+STOP_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def interrupted(served):
+    """`keynes serve` with no report server, run as in a terminal (its own process group, its
+    output kept): a run of `filed` completes, one is refused (a bad override), and one of `slow`
+    is playing when the group gets one SIGINT, what a terminal sends on Ctrl-C. What happened
+    is kept for the tests below, whatever they find."""
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.processes import TAG, tagged
+
+    folder = served["folder"] / "interrupted"
+    folder.mkdir()
+    configs = []
+    for cfg in (SLOW, FILED):
+        configs.append(folder / f"{cfg['name']}.yaml")
+        configs[-1].write_text(yaml.safe_dump({**cfg, "db": str(folder / f"{cfg['name']}.duckdb")}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != TAG}
+    env.update(PREFECT_HOME=str(served["home"]), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=served["api"],
+               PREFECT_RUNNER_POLL_FREQUENCY="2", RAY_TMPDIR=served["ray_tmp"], RAY_AUTH_MODE="disabled",
+               KEYNES_CACHE=str(folder / "cache"), **SLOW_MACHINE)
+    stdout, stderr = open(folder / "stdout.log", "w"), open(folder / "stderr.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", *map(str, configs), "--report-port", "0"],
+                               env=env, stdout=stdout, stderr=stderr, start_new_session=True, cwd=REPO)
+    facts: dict = {"folder": folder, "api": served["api"], "stop_s": None}
+    try:
+        tag = f"{process.pid}:{psutil.Process(process.pid).create_time()}"
+        wait_for(lambda: {"slow", "filed"} <= set(_deployments(served["api"])), 120, "the slow and filed deployments")
+        with temporary_settings(updates={PREFECT_API_URL: served["api"]}):
+            facts["filed"] = run_deployment("experiment/filed", parameters={"overrides": ["seed=6"]}, timeout=240, poll_interval=2)
+            facts["refused"] = run_deployment("experiment/filed", parameters={"overrides": ["game.rounds"]}, timeout=240,
+                                              poll_interval=2)
+            slow = run_deployment("experiment/slow", timeout=0)
+        db = folder / "slow.duckdb"
+        wait_for(lambda: _rounds_stored(db) >= 1, 240, "the slow run to play a round")
+        started = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(60)
+            facts["stop_s"] = time.monotonic() - started
+        except subprocess.TimeoutExpired:
+            pass
+        facts["returncode"] = process.poll()
+        # Every process the command started carries its mark (its watchdog too); zombies are not counted.
+        facts["left"] = [" ".join(p.cmdline()[:3]) for p in tagged(tag, set())]
+        facts["records"] = sorted(p.name for p in (folder / "cache" / "runs").glob("*.json"))
+        with _client(served["api"]) as client:
+            facts["slow"] = client.read_flow_run(slow.id)
+        facts["statuses"] = q(db, "select status from experiments union all select status from runs")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+        stdout.close()
+        stderr.close()
+    facts["output"] = (folder / "stdout.log").read_text() + (folder / "stderr.log").read_text()
+    return facts
+
+
+def _rounds_stored(db) -> int:
+    """Rounds stored so far (0 while the file is missing or a commit holds it)."""
+    import duckdb
+
+    try:
+        return q(db, "select count(*) from rounds")[0][0] if db.exists() else 0
+    except duckdb.IOException:
+        return 0
+
+
+def test_one_ctrl_c_stops_serve_within_seconds_and_marks_the_run_it_interrupted(interrupted):
+    assert interrupted["stop_s"] is not None and interrupted["stop_s"] <= STOP_S, (interrupted["stop_s"], interrupted["output"][-3000:])
+    assert interrupted["returncode"] == 0
+    # Prefect's own verdict on a run stopped by Ctrl-C: Crashed, "aborted by an interrupt signal".
+    state = interrupted["slow"].state
+    assert state.is_crashed() and state.message == "Execution was aborted by an interrupt signal.", state
+    # The warehouse (and so the report index) says so too; nothing keynes started still runs,
+    # and its watchdog's record is gone.
+    assert interrupted["statuses"] == [("interrupted",), ("interrupted",)]
+    assert interrupted["left"] == [] and interrupted["records"] == []
+    assert "experiment slow-" in interrupted["output"] and "marked interrupted" in interrupted["output"]
+
+
+def test_without_a_report_server_each_experiment_keeps_its_own_page_and_no_link_is_dead(interrupted):
+    run = interrupted["filed"]
+    assert run.state.is_completed(), run.state
+    experiment_id = run.name.split(":")[0]
+    page = interrupted["folder"] / f"filed-report-{experiment_id}.html"
+    assert page.exists() and not (interrupted["folder"] / "filed-report.html").exists()
+    artifacts = {a.key: a.data for a in _run_artifacts(interrupted["api"], run.id)}
+    for key in (f"{experiment_id}-rounds", f"{experiment_id}-report"):
+        assert str(page) in artifacts[key] and "file://" not in artifacts[key], artifacts[key][:500]
+
+
+def test_serve_prints_no_traceback_and_no_task_chatter_and_a_refused_override_names_the_parameter(interrupted):
+    refused = interrupted["refused"]
+    expected = "overrides 'game.rounds': expected dotted.key=value"
+    assert refused.state.is_failed() and refused.state.message == expected, refused.state
+    output = interrupted["output"]
+    assert expected in output, output[-5000:]
+    for noise in ("Traceback", "| INFO    | Task run", "Process exited with status code", "was never awaited",
+                  "ProcessLookupError", "--set"):
+        assert noise not in output, (noise, output[-5000:])

@@ -1,0 +1,50 @@
+"""An interrupted run is marked where users look: its experiment and its unfinished arms get the
+status `interrupted` in the warehouse (arms already finished keep theirs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.failures import _as_parameter, mark_interrupted
+from flows.loading import load_config
+from tasks import store
+from tests.support.sql import q
+
+TWO_ARMS = {
+    "name": "stopped",
+    "seed": 1,
+    "population": {"size": 4},
+    "arms": {"engines": [{"kind": "simulated"}], "prompts": ["basic", "cot"]},
+    "report": {"enabled": False},
+}
+
+
+@pytest.mark.quick
+def test_the_experiment_and_its_unfinished_arms_are_marked_interrupted(db):
+    cfg = load_config(TWO_ARMS, [f"db={db}"])
+    warehouse = store.open_warehouse(db)
+    store.begin_experiment(warehouse, cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, 4)
+    first, second = cfg.arms_list()
+    store.begin_runs(warehouse, [store.run_row(cfg.experiment_id, arm) for arm in (first, second)])
+    store.finish_run(warehouse, first.run_id, "completed")
+
+    assert mark_interrupted(TWO_ARMS, db=str(db)) == cfg.experiment_id
+    assert q(db, "select status from experiments") == [("interrupted",)]
+    assert q(db, "select run_id, status from runs order by arm") == [(first.run_id, "completed"), (second.run_id, "interrupted")]
+    # A run that is not running (completed, waiting for its next round) is left alone.
+    store.finish_experiment(warehouse, cfg.experiment_id, "waiting")
+    mark_interrupted(TWO_ARMS, db=str(db))
+    assert q(db, "select status from experiments") == [("waiting",)]
+
+
+@pytest.mark.quick
+def test_nothing_is_marked_or_created_without_a_warehouse_or_a_valid_config(tmp_path):
+    assert mark_interrupted(TWO_ARMS, db=str(tmp_path / "none.duckdb")) is None
+    assert not (tmp_path / "none.duckdb").exists()
+    assert mark_interrupted(TWO_ARMS, ["population.size=-1"], db=str(tmp_path / "none.duckdb")) is None
+
+
+@pytest.mark.quick
+def test_an_override_error_in_a_flow_run_names_its_overrides_parameter():
+    assert _as_parameter("--set 'game.rounds': expected dotted.key=value") == "overrides 'game.rounds': expected dotted.key=value"
+    assert _as_parameter("population.size: -3: input should be greater than 0") == "population.size: -3: input should be greater than 0"

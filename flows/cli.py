@@ -115,10 +115,12 @@ def run(
     )
     import ray
 
+    from flows.temporary_api import kept_alive
+
     ray_was_up = ray.is_initialized()  # a caller's own Ray (keynes run called in-process) stays up
     try:
         with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:
-            with progress_hooks.reporting(RichReporter(bar)):
+            with progress_hooks.reporting(RichReporter(bar)), kept_alive(lambda line: console.print(line, highlight=False)):
                 summary = experiment(str(config), overrides)
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))

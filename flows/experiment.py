@@ -123,6 +123,9 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         # Nothing to play (e.g. a scheduled `continue: true` experiment that reached game.rounds):
         # end at once, without starting Ray, and say so where the user looks (log and state).
         store.close_statuses(warehouse, cfg.experiment_id, [a.run_id for a in arms])
+        # A run killed after its last round was stored but before that round's analyses: add
+        # them now (with nothing missing this costs three small queries).
+        _analyse(warehouse, cfg.experiment_id, arms[-1].run_id, cfg.game.rounds, summary)
         message = (
             f"experiment {cfg.experiment_id} is complete: all {cfg.game.rounds} round(s) of {len(arms)} arm(s) "
             f"are in {cfg.db}; nothing to play"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
+import threading
 from collections import deque
 from typing import Any, Callable
 
@@ -60,7 +62,12 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
             kwargs["include_dashboard"] = dashboard
             kwargs["dashboard_host"] = LOOPBACK
             kwargs["object_store_memory"] = 1 << 30
+        # ray.init makes SIGTERM a bare sys.exit in the driver; keep the caller's handler (the
+        # flow's: the run then ends as interrupted, like on Ctrl-C).
+        on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         context = ray.init(**kwargs)
+        if on_sigterm is not None:
+            signal.signal(signal.SIGTERM, on_sigterm)
         node = context.address_info.get("node_ip_address") or LOOPBACK
         if not address and not ipaddress.ip_address(node).is_loopback:
             log.warning("the local Ray listens on %s, reachable from other machines: set "

@@ -1,0 +1,61 @@
+"""`keynes run` stopped with SIGTERM mid-round ends as an interrupted run, as on Ctrl-C.
+
+``ray.init`` makes SIGTERM a bare ``sys.exit`` in the driver, replacing the flow's handler:
+before ``ensure_ray`` kept the flow's handler, a SIGTERM left the experiment marked
+``running`` and the process ended with SIGABRT (Ray's teardown after the SystemExit).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import duckdb
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.support.waiting import wait_for
+
+CONFIG = {
+    "name": "terminated",
+    "seed": 5,
+    "population": {"spec": "education.yaml", "size": 200},
+    "game": {"rounds": 20},  # far longer than the test waits
+    "arms": {"engines": [{"kind": "simulated", "latency_s": 0.3}], "prompts": ["basic"]},
+    "workers": {"actors": 2, "shard_size": 20},
+    "report": {"enabled": False},
+}
+
+
+def _committed(db) -> int:
+    try:
+        with duckdb.connect(str(db), read_only=True) as con:
+            return con.execute("select count(*) from guesses").fetchall()[0][0]
+    except duckdb.Error:  # not made yet, or the run holds it this moment
+        return 0
+
+
+@pytest.mark.slow
+def test_sigterm_mid_round_marks_the_experiment_interrupted_and_ends_by_sigterm(tmp_path, session_cli):
+    env, ray_address = session_cli
+    config, db = tmp_path / "term.yaml", tmp_path / "term.duckdb"
+    config.write_text(yaml.safe_dump({**CONFIG, "workers": {**CONFIG["workers"], "ray_address": ray_address}}))
+    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: run.poll() is not None or (db.exists() and _committed(db) > 0), 240, "the first shard to be committed")
+        assert run.poll() is None, "the run ended before it could be stopped"
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            for proc in psutil.Process(run.pid).children(recursive=True) + [psutil.Process(run.pid)]:
+                proc.kill()
+    # Ended by the signal it was sent (Prefect re-sends it once the run is marked), not by SIGABRT.
+    assert run.returncode == -signal.SIGTERM, out[-3000:]
+    with duckdb.connect(str(db), read_only=True) as con:
+        statuses = con.execute("select status from experiments union all select status from runs").fetchall()
+    assert statuses == [("interrupted",), ("interrupted",)], out[-3000:]

@@ -1,0 +1,102 @@
+"""Prefect's temporary API gone mid-run: `keynes run` starts it again (flows/temporary_api.py).
+
+Before, every API call after the server ended retried a refused connection for about a minute
+(Prefect's client: 5 retries, 2 to 32 s apart) before it gave up: killed with SIGKILL, a run of
+a few seconds' play crawled for many minutes, then crashed; on Ctrl-C (which reaches the server
+too: it is in the run's process group) the run took over a minute to record its end, then
+exited 1 with a traceback instead of 130.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.support.waiting import wait_for
+
+AGENTS, SHARD = 200, 20
+CONFIG = {
+    "name": "api-gone",
+    "seed": 4,
+    "population": {"spec": "education.yaml", "size": AGENTS},
+    "game": {"rounds": 3},
+    # 10 shards a round on 2 actors, 0.3 s each: a few seconds of play after the kill.
+    "arms": {"engines": [{"kind": "simulated", "latency_s": 0.3}], "prompts": ["basic"]},
+    "workers": {"actors": 2, "shard_size": SHARD},
+    "report": {"enabled": False},
+}
+#: The command line of Prefect's temporary API server.
+SERVER = "prefect.server.api.server:create_app"
+
+
+def _found(run: psutil.Process, marker: str) -> psutil.Process | None:
+    try:
+        return next((p for p in run.children(recursive=True) if marker in " ".join(p.cmdline())), None)
+    except psutil.Error:
+        return None
+
+
+def run_and_strike(tmp_path: Path, prefect_home: Path, strike) -> tuple[subprocess.Popen, str, str, float]:
+    """``keynes run`` with its own temporary API; once its actors play, ``strike(run, server)``.
+
+    Returns the finished process, its output, the server's port and the seconds it ran on after
+    the strike (the run is given 150 s: before the fix it took minutes).
+    """
+    config, db = tmp_path / "api.yaml", tmp_path / "api.duckdb"
+    config.write_text(yaml.safe_dump(CONFIG))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
+    env.update(PREFECT_HOME=str(prefect_home), KEYNES_CACHE=str(tmp_path / "cache"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    parent = psutil.Process(run.pid)
+    try:
+        wait_for(lambda: _found(parent, "ray::AgentWorker") is not None or run.poll() is not None, 240, "the actors to start")
+        server = _found(parent, SERVER)
+        assert run.poll() is None and server is not None, "the run ended before its temporary API could be struck"
+        port = re.search(r"--port (\d+)", " ".join(server.cmdline())).group(1)
+        strike(run, server)
+        struck_at = time.monotonic()
+        out, _ = run.communicate(timeout=150)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    return run, out, port, time.monotonic() - struck_at
+
+
+def stored(db: Path, sql: str) -> list[tuple]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+@pytest.mark.slow
+def test_a_run_whose_temporary_api_is_killed_starts_it_again_and_completes(tmp_path, prefect_home):
+    run, out, port, after_s = run_and_strike(tmp_path, prefect_home, lambda _, server: server.send_signal(signal.SIGKILL))
+    assert run.returncode == 0, out[-3000:]
+    assert f"Prefect's temporary API on port {port} ended (signal 9); starting it again" in out, out[-3000:]
+    db = tmp_path / "api.duckdb"
+    assert stored(db, "select count(*), count(distinct (round, agent_id)) from guesses") == [(AGENTS * 3,) * 2]
+    assert stored(db, "select count(*) from rounds") == [(3,)]
+    assert stored(db, "select status from experiments") == [("completed",)]
+    print(f"completed {after_s:.1f} s after its temporary API was killed")
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_run_with_its_own_temporary_api_within_seconds(tmp_path, prefect_home):
+    # A terminal's Ctrl-C: SIGINT to the run's process group, the temporary API server included.
+    run, out, port, after_s = run_and_strike(tmp_path, prefect_home, lambda run, _: os.killpg(run.pid, signal.SIGINT))
+    assert run.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert after_s < 60, f"{after_s:.0f} s to end after Ctrl-C"  # before: over a minute of refused connections
+    assert stored(tmp_path / "api.duckdb", "select status from experiments") == [("interrupted",)]
+    print(f"ended {after_s:.1f} s after Ctrl-C")

@@ -127,6 +127,44 @@ def _signals_held() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+@contextmanager
+def _signals_noted() -> Iterator[list[int]]:
+    """Note every Ctrl-C and SIGTERM before its handler runs (the list yielded).
+
+    A signal that arrives during a C call is handled when the call checks for one: DuckDB then
+    turns the handler's exception into its own error ("Query interrupted", the interrupt gone
+    from the chain). Noted, the run still ends as interrupted.
+    """
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def note(signum: int, frame: Any) -> None:
+        noted.append(signum)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:  # what the signal would have done: end the process
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for signum in previous:
+        signal.signal(signum, note)
+    try:
+        yield noted
+    finally:
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is note:
+                signal.signal(signum, handler)
+
+
+def _interrupt(signum: int) -> BaseException:
+    """The exception Ctrl-C or a SIGTERM raises in a flow run."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else TerminationSignal(signal=signum)
+
+
 def _as_parameter(message: str) -> str:
     """An override error names the flow's ``overrides`` parameter, not the CLI's ``--set``:
     in a flow run, overrides come from its parameters (the UI's run form, ``run_deployment``)."""
@@ -135,7 +173,8 @@ def _as_parameter(message: str) -> str:
 
 def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap the ``experiment`` flow function: an input error becomes a Failed state with its
-    message; an interrupt marks the experiment interrupted and goes on to Prefect.
+    message; an interrupt marks the experiment interrupted and goes on to Prefect (also one
+    that a C call turned into its own error: it is raised again as the interrupt it was).
 
     The exception travels as the state's data, so a caller of the flow (``keynes run``)
     gets it raised with the state's message.
@@ -143,15 +182,22 @@ def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except INPUT_ERRORS as exc:
-            message = _as_parameter(str(exc))
-            get_run_logger().error(message)
-            return Failed(message=message, data=exc if message == str(exc) else type(exc)(message))
-        except INTERRUPTS:
-            with _signals_held():
-                mark_interrupted(*args, **kwargs)
-            raise
+        with _signals_noted() as noted:
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                interrupted = isinstance(exc, INTERRUPTS) or (bool(noted) and isinstance(exc, Exception))
+                if not interrupted and isinstance(exc, INPUT_ERRORS):
+                    message = _as_parameter(str(exc))
+                    get_run_logger().error(message)
+                    return Failed(message=message, data=exc if message == str(exc) else type(exc)(message))
+                if not interrupted:
+                    raise
+                with _signals_held():
+                    mark_interrupted(*args, **kwargs)
+                if isinstance(exc, INTERRUPTS):
+                    raise
+                # a C call (a DuckDB query) turned the signal into its own error
+                raise _interrupt(noted[-1]) from exc
 
     return wrapper

@@ -3,9 +3,15 @@ status `interrupted` in the warehouse (arms already finished keep theirs)."""
 
 from __future__ import annotations
 
-import pytest
+import os
+import signal
+import threading
 
-from flows.failures import _as_parameter, mark_interrupted
+import duckdb
+import pytest
+from prefect.exceptions import TerminationSignal
+
+from flows.failures import _as_parameter, mark_interrupted, one_line_failures
 from flows.loading import load_config
 from tasks import store
 from tests.support.sql import q
@@ -48,3 +54,30 @@ def test_nothing_is_marked_or_created_without_a_warehouse_or_a_valid_config(tmp_
 def test_an_override_error_in_a_flow_run_names_its_overrides_parameter():
     assert _as_parameter("--set 'game.rounds': expected dotted.key=value") == "overrides 'game.rounds': expected dotted.key=value"
     assert _as_parameter("population.size: -3: input should be greater than 0") == "population.size: -3: input should be greater than 0"
+
+
+@pytest.mark.quick
+def test_a_sigterm_that_a_duckdb_query_turns_into_its_own_error_still_ends_the_run_as_interrupted(db):
+    """DuckDB handles a signal that arrives during a query by raising "Query interrupted", the
+    handler's TerminationSignal gone from the chain: before, the run ended as a crash with a
+    traceback (exit 1) and the experiment stayed `running`."""
+    cfg = load_config(TWO_ARMS, [f"db={db}"])
+    store.begin_experiment(store.open_warehouse(db), cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, 4)
+
+    @one_line_failures
+    def flow(config: dict, overrides: list | None = None, db: str | None = None) -> None:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        duckdb.connect().execute("select count(*) from range(100000000000) t(i) where i % 7 = 3").fetchall()
+
+    def prefects(signum, frame):  # what a flow run's SIGTERM handler does
+        raise TerminationSignal(signal=signum)
+
+    previous = signal.signal(signal.SIGTERM, prefects)
+    try:
+        with pytest.raises(TerminationSignal) as raised:
+            flow(TWO_ARMS, db=str(db))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert "interrupted" in str(raised.value.__cause__).lower()  # DuckDB's own error, kept as the cause
+    assert q(db, "select status from experiments") == [("interrupted",)]
+    assert signal.getsignal(signal.SIGTERM) is previous

@@ -33,9 +33,59 @@ def parse_fraction(value: object) -> Fraction:
     raise ValueError(f"{value!r} is not a fraction")
 
 
+class History(BaseModel):
+    """What agents are told of earlier rounds (from round 2): every earlier round or the last
+    ``rounds`` of them, each with or without the agent's own guess in it.
+
+    A researcher may write the whole mapping, ``{rounds: 2, own_guesses: false}``, or just the
+    rounds: ``history: all``, ``history: 2``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rounds: int | Literal["all"] = Field(
+        "all", description='The earlier rounds shown: "all", or the last N (0: none, only the round number).'
+    )
+    own_guesses: bool = Field(True, description="Tell each agent the number it named in each round shown.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rounds_alone(cls, value: object) -> object:
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            return {"rounds": value}
+        if not isinstance(value, (dict, History)):
+            raise ValueError(f"{value!r}: expected all, a number of rounds, or {{rounds: all | N, own_guesses: true | false}}")
+        return value
+
+    @field_validator("rounds", mode="before")
+    @classmethod
+    def _all_or_count(cls, value: object) -> int | str:
+        if isinstance(value, str) and value.strip().lower() == "all":
+            return "all"
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raise ValueError(f"{value!r}: expected all or a number of rounds (0 or more)")
+
+    def shown(self, past: list) -> list:
+        """The part of the earlier rounds (oldest first) that agents are told."""
+        if self.rounds == "all":
+            return past
+        return past[len(past) - self.rounds:] if self.rounds else []
+
+    def describe(self) -> str:
+        """The setting in words, e.g. "every earlier round, with own guesses"."""
+        if self.rounds == 0:
+            return "no earlier round (only the round number)"
+        rounds = "every earlier round" if self.rounds == "all" else f"the last {self.rounds} round" + "s" * (self.rounds > 1)
+        return f"{rounds}, {'with' if self.own_guesses else 'without'} own guesses"
+
+
 class GameRule(BaseModel):
     """The rule of one game: players name a number in [low, high]; the target is
-    ratio × mean + offset (clamped to the bounds); the nearest guesses win."""
+    ratio × mean + offset (clamped to the bounds); the nearest guesses win. ``history``
+    sets what players are told of earlier rounds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -46,6 +96,10 @@ class GameRule(BaseModel):
     rounds: int = Field(1, ge=1, description="How many rounds are played; each round's outcome is shown in the next.")
     answers: Literal["integer", "real"] = Field("integer", description="Whether players name integers or real numbers (up to two decimals).")
     tolerance: float = Field(0.0, ge=0, description="Guesses within this distance of the target also win (the paper used 0.5); 0 means only the nearest win.")
+    history: History = Field(
+        default_factory=History,
+        description="What agents are told of earlier rounds: {rounds: all | N (the last N), own_guesses: true | false}.",
+    )
 
     @field_validator("ratio", mode="before")
     @classmethod

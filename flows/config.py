@@ -18,7 +18,7 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 import engines
-from core.game import GameOverride, GameRule, Groups
+from core.game import GameOverride, GameRule, Groups, History
 from engines import SamplingSettings
 from engines.mixture import MixtureSpec
 from populations.backstories import BackstoryConfig
@@ -318,6 +318,8 @@ class ExperimentConfig(Strict):
         # Where results are stored or computed, when runs happen (schedule, one round per
         # run) and the report do not decide results.
         data = self.model_dump(mode="json", exclude={"db", "workers", "report", "schedule", "continue_"})
+        if self.game.history == History():  # the default: configs from before game.history keep their hash
+            del data["game"]["history"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
     @property

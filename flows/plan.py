@@ -20,7 +20,7 @@ from engines import EngineSpec
 from engines.mixture import MixtureSpec
 from flows.config import ExperimentConfig
 from populations.sampler import sample
-from prompts.context import agent_variables, round_variables
+from prompts.context import agent_variables, round_variables, shown_own_guesses
 from prompts.modes import FINAL_CUE
 from prompts.render import render
 from tasks.arms import Arm
@@ -92,7 +92,7 @@ def round_inputs(arm: Arm, round_: int, agents: pl.DataFrame, personas: pl.DataF
     shared = round_variables(arm.rule, personas, round_, history)
     if round_ > 1:
         own = [[h["winning_guess"] for h in history]] * agents.height
-        agents = agents.with_columns(own_guesses=pl.Series(own, dtype=pl.List(pl.Float64)))
+        agents = shown_own_guesses(agents.with_columns(own_guesses=pl.Series(own, dtype=pl.List(pl.Float64))), arm.rule.history)
     return shared, agents
 
 

@@ -2,7 +2,8 @@
 
 Shared variables (``game``, ``population``, ``groups``, ``round``, ``history``) are the same
 for a whole shard; ``agent_variables`` gives the per-agent ones as a frame, so prompts are
-rendered once per distinct context.
+rendered once per distinct context. The game's ``history`` setting decides how much of the
+earlier rounds both show (``round_variables``, ``shown_own_guesses``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from core.game import GameRule
+from core.game import GameRule, History
 from core.personas import PLAY_COLUMNS, attribute_columns, persona_columns
 
 #: Attributes with more distinct values than this (ages, names) are not listed in prompts.
@@ -51,6 +52,17 @@ def groups_context(personas: pl.DataFrame, history: dict[str, list[dict[str, Any
     return {g: {"n": f"{n:,}", "history": history.get(g, [])} for g, n in sizes.iter_rows()}
 
 
+def shown_own_guesses(agents: pl.DataFrame, history: History) -> pl.DataFrame:
+    """The agents with their ``own_guesses`` (oldest first) cut to what ``history`` shows: the
+    last N rounds' guesses, or none (the column dropped, so that agents of one persona share a
+    prompt and the prompt is rendered once for them)."""
+    if "own_guesses" not in agents.columns or history == History():
+        return agents
+    if not history.own_guesses or history.rounds == 0:
+        return agents.drop("own_guesses")
+    return agents.with_columns(pl.col("own_guesses").list.tail(history.rounds))
+
+
 def game_context(rule: GameRule, n_players: int) -> dict[str, Any]:
     """The ``game`` template variable: the rule with numbers formatted for people."""
     return {
@@ -72,13 +84,16 @@ def round_variables(
     """The shared variables of round ``round_`` (``game``, ``round``, ``history``, ``population``,
     and ``groups`` when the personas have a ``group``): what every prompt of the round sees.
 
-    ``group_history``: each group's own history (nested environments); default: ``history``
-    for every group.
+    ``history``: the earlier rounds' outcomes, oldest first; ``group_history``: each group's
+    own (nested environments; default: ``history`` for every group). Both are cut to what the
+    rule's ``history`` setting shows (every earlier round, or the last N), each entry keeping
+    its round number.
     """
-    shared: dict[str, Any] = {"game": game_context(rule, personas.height), "round": round_, "history": history,
+    shown = rule.history.shown
+    shared: dict[str, Any] = {"game": game_context(rule, personas.height), "round": round_, "history": shown(history),
                               "population": population_context(personas)}
     if "group" in personas.columns:
         if group_history is None:
             group_history = {g: history for g in personas["group"].unique().to_list()}
-        shared["groups"] = groups_context(personas, group_history)
+        shared["groups"] = groups_context(personas, {g: shown(h) for g, h in group_history.items()})
     return shared

@@ -41,15 +41,16 @@ def overview(data: ReportData) -> list[pn.viewable.Viewable]:
         f"**Population** {o['population']:,} agents · **arms** {o['arms']} · **rounds played** {o['rounds_played']} · "
         f"**guesses** {o['guesses']:,} ({o['valid_guesses']:,} valid) · **tokens** {o['prompt_tokens']:,} prompt + "
         f"{o['completion_tokens']:,} completion · **run time** {_seconds(o['wall_s'])} · **status** {o['status']} · "
-        f"**seed** {o['seed']}"
+        f"**seed** {o['seed']} · **told of earlier rounds** {data.history[o['experiment_id']]}"
     )
     items: list[pn.viewable.Viewable] = [_md("## Overview")]
     if data.comparing:
         items += [_md(f"This page compares the arms of {len(data.experiment_ids)} experiments; arms are numbered across "
                       "them, each labelled with its experiment."),
-                  table(data.experiments, {"name": "experiment", "experiment_id": "id", "population": "agents",
-                                           "arms": "arms", "rounds_played": "rounds played", "guesses": "guesses",
-                                           "status": "status", "created_at": "started"})]
+                  table(data.experiments.with_columns(history=pl.col("experiment_id").replace_strict(data.history)),
+                        {"name": "experiment", "experiment_id": "id", "population": "agents", "arms": "arms",
+                         "rounds_played": "rounds played", "history": "told of earlier rounds", "guesses": "guesses",
+                         "status": "status", "created_at": "started"})]
     else:
         items.append(_md(facts))
     if (data.arms["engine"] == "simulated").any():

@@ -8,12 +8,14 @@ comparison page, groups labelled by experiment).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import polars as pl
 
+from core.game import History
 from warehouse import report_queries as queries
 from warehouse.report_queries import experiment_index, experiment_version
 from warehouse.store import Warehouse
@@ -124,6 +126,13 @@ class ReportData:
             raise ExperimentNotFound(f"experiment {missing[0]!r} not found")
         order = {e: i for i, e in enumerate(self.experiment_ids)}
         return frame.sort(pl.col("experiment_id").replace_strict(order, return_dtype=pl.Int64))
+
+    @cached_property
+    def history(self) -> dict[str, str]:
+        """Experiment id → what its agents were told of earlier rounds (``game.history`` in words;
+        experiments stored before the setting existed: its default)."""
+        configs = self.experiments.select("experiment_id", "config").iter_rows()
+        return {e: History.model_validate(_loaded(c).get("game", {}).get("history", {})).describe() for e, c in configs}
 
     @cached_property
     def overview(self) -> dict[str, Any]:
@@ -274,3 +283,8 @@ class ReportData:
         if self.comparing:
             return f"{self.labels[row['experiment_id']]} · arm {row['experiment_arm']} · {row['prompt_mode']} · {row['model']}"
         return f"arm {arm} · {row['prompt_mode']} · {row['model']}"
+
+
+def _loaded(config: Any) -> dict[str, Any]:
+    """A stored config: DuckDB hands JSON columns over as text."""
+    return json.loads(config) if isinstance(config, str) else config

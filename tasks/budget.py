@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from prompts.context import agent_variables, round_variables
+from prompts.context import agent_variables, round_variables, shown_own_guesses
 from prompts.render import render
 from tasks.arms import Arm
 
@@ -32,7 +32,7 @@ def longest_prompts(arm: Arm, personas: pl.DataFrame) -> list[str]:
     shared = round_variables(rule, personas, last, history)
     agents = personas
     if last > 1:
-        agents = agents.with_columns(own_guesses=pl.lit([float(rule.high)] * (last - 1), dtype=pl.List(pl.Float64)))
+        agents = shown_own_guesses(agents.with_columns(own_guesses=pl.lit([float(rule.high)] * (last - 1), dtype=pl.List(pl.Float64))), rule.history)
     distinct = set(render(arm.mode.template, shared, agent_variables(agents)))
     return sorted(distinct, key=len, reverse=True)[:LONGEST]
 

@@ -20,7 +20,7 @@ from prefect.cache_policies import NONE
 
 from engines import EngineSpec
 from engines.mixture import MixtureSpec, shard_index
-from prompts.context import round_variables
+from prompts.context import round_variables, shown_own_guesses
 from tasks import progress
 from tasks.actor import ShardJob, ShardResult
 from tasks.arms import Arm
@@ -54,6 +54,7 @@ def play_round(
     stored = stored_round(warehouse, arm.run_id, round_, grouped="group" in personas.columns)
     done = stored.done
     agents = personas if stored.own_guesses is None else personas.join(stored.own_guesses, on="agent_id", how="left")
+    agents = shown_own_guesses(agents, arm.rule.history)  # game.history: the last N, or none
     shared = round_variables(arm.rule, personas, round_, stored.history, stored.group_history)
     specs, component, actor_counts = _components(arm, personas, seed, actors)
     index = shard_index(component, shard_size)

@@ -61,9 +61,10 @@ KINDS = ("run-sigkill", "actor-sigkill", "api-sigkill", "run-sigterm", "ctrl-c")
 #: Kinds after which the run goes on (Ray restarts the actor, keynes its temporary API); after the others it exits.
 SURVIVABLE = {"actor-sigkill", "api-sigkill"}
 
-#: Columns that say when or where a row was made, not what it is: left out of every comparison.
+#: Columns that say when or where a row was made, or what it cost, not what it is: left out of
+#: every comparison (a shard's tokens evaluated depend on what its actor's KV cache held before).
 TIMING_AND_PLACEMENT = {"latency_s", "seconds", "limit_wait_s", "committed_at", "computed_at", "created_at",
-                        "started_at", "finished_at", "node", "worker"}
+                        "started_at", "finished_at", "node", "worker", "tokens_evaluated", "tokens_bound"}
 #: Further columns left out of one table: the experiment's config holds the ``db`` path
 #: (its ``config_hash``, compared, covers everything that decides results).
 LEFT_OUT = {"experiments": {"config"}}

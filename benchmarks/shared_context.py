@@ -6,10 +6,15 @@
 (c) chain of thought, both paths: one by one, against reasoning decoded many agents at a time
     with each answer drawn in its agent's own KV stream.
 (d) N agents, round 1, through ``keynes run`` (shared): wall time and peak memory.
+(e) the paper's five-round game (experiments/paper/five_rounds.yaml: 2/3 and 5 + x/2) through
+    ``keynes run``, shared vs ``shared_context=false``; per round of the shared run: distinct
+    prompts, tokens evaluated per decision and the lower bound (the trie of each shard's distinct
+    prompts plus one token per answer-tree node), from the ``shards`` table.
 
     uv run --extra llamacpp python benchmarks/shared_context.py --sections a,c
     uv run --extra llamacpp python benchmarks/shared_context.py --sections b --agents 1000
     uv run --extra llamacpp python benchmarks/shared_context.py --sections d --agents 1000000
+    uv run --extra llamacpp python benchmarks/shared_context.py --sections e --agents 1000 --per-agent 100
 
 (b) and (d) start a local Ray per run, as a user's ``keynes run`` does; ``--ray-address`` joins a
 running Ray instead (a cluster, or a Ray kept up between runs: the figures then leave its start out).
@@ -101,18 +106,32 @@ def section_c(n: int, threads: int, max_reasoning: int = 48) -> None:
     print(f"  ratio: {rates[1] / rates[0]:.2f}x decisions/s (sequences 8), {rates[2] / rates[0]:.2f}x (sequences 32)")
 
 
-def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, ray_address: str | None) -> tuple[float, float, float]:
+#: Per round of a stored run: decisions, distinct prompts, tokens evaluated and their bound (NULL
+#: where not counted: the per-agent path).
+ROUND_WORK = """
+    select g.round, count(*) as decisions, count(distinct g.context) as prompts,
+           (select sum(tokens_evaluated) from shards s where s.round = g.round) as evaluated,
+           (select sum(tokens_bound) from shards s where s.round = g.round) as bound
+    from guesses g group by g.round order by g.round
+"""
+
+
+def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, ray_address: str | None,
+               config: str = "experiments/quickstart.yaml", prompts: str | None = "[basic]", work: list | None = None) -> tuple[float, float, float]:
     """Wall seconds, peak memory (GiB, summed RSS of ``keynes run`` and every process it starts:
-    Ray, the actors, Prefect's API) and their CPU seconds, of one ``keynes run`` (which joins
-    ``ray_address`` if given, else starts a local Ray)."""
+    Ray, the actors, Prefect's API) and their CPU seconds, of one ``keynes run`` of ``config``
+    (which joins ``ray_address`` if given, else starts a local Ray). ``work``: filled with the
+    run's ``ROUND_WORK`` rows."""
     from benchmarks.scale import MemorySampler
 
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "flows.cli", "run", str(REPO / "experiments/quickstart.yaml"), "--db", f"{tmp}/b.duckdb",
-               "--set", f"population.size={n}", "--set", f"game.rounds={rounds}", "--set", "arms.prompts=[basic]",
+        cmd = [sys.executable, "-m", "flows.cli", "run", str(REPO / config), "--db", f"{tmp}/b.duckdb",
+               "--set", f"population.size={n}", "--set", f"game.rounds={rounds}",
                "--set", f"workers.shard_size={shard_size}", "--set", f"workers.actors={actors}",
                "--set", f"arms.engines=[{{kind: llamacpp, shared_context: {str(shared).lower()}}}]",
                "--set", "report.enabled=false"]
+        if prompts:
+            cmd += ["--set", f"arms.prompts={prompts}"]
         if ray_address:
             cmd += ["--set", f"workers.ray_address={ray_address}"]
         with MemorySampler() as sampler:
@@ -124,6 +143,8 @@ def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, 
 
         with duckdb.connect(f"{tmp}/b.duckdb", read_only=True) as con:
             rows, valid = con.execute("select count(*), count(guess) from guesses").fetchall()[0]
+            if work is not None:
+                work += con.execute(ROUND_WORK).fetchall()
         print(f"  guesses stored: {rows:,} ({valid:,} valid)")
     return wall, sampler.peak / 2**30, sampler.cpu_s
 
@@ -144,15 +165,34 @@ def section_d(n: int, actors: int, ray_address: str | None) -> None:
     print(f"  wall {wall:.1f} s, {n / wall:,.0f} decisions/s, peak memory {peak:.2f} GiB (every process), {cpu:.0f} CPU s")
 
 
+def section_e(n: int, per_agent_n: int, actors: int, ray_address: str | None, rounds: int = 5) -> None:
+    config = "experiments/paper/five_rounds.yaml"
+    print(f"(e) the paper's five-round game, {rounds} rounds ({config}: 2/3 and 5 + x/2, basic), through keynes run: "
+          f"{n:,} agents shared, {per_agent_n:,} per agent")
+    w1, _, c1 = keynes_run(per_agent_n, rounds, False, max(1, per_agent_n // 4), actors, ray_address, config, None)
+    work: list = []
+    w2, _, c2 = keynes_run(n, rounds, True, max(1, n // 4), actors, ray_address, config, None, work)
+    arms = 2
+    d1, d2 = arms * rounds * per_agent_n, arms * rounds * n
+    r1, r2 = d1 / w1, d2 / w2
+    print(f"  per-agent {d1:,} decisions {w1:.1f} s = {r1:.2f}/s ({c1:.0f} CPU s); "
+          f"shared {d2:,} decisions {w2:.1f} s = {r2:.2f}/s ({c2:.0f} CPU s); ratio {r2 / r1:.1f}x")
+    print("  shared, per round: decisions, distinct prompts, tokens evaluated per decision, lower bound per decision, evaluated / bound")
+    for round_, decisions, distinct, evaluated, bound in work:
+        print(f"    round {round_}: {decisions:>9,} {distinct:>9,} {evaluated / decisions:>9.2f} {bound / decisions:>9.2f} "
+              f"{evaluated / bound:>6.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="a,c", help="a,b,c,d")
+    parser.add_argument("--sections", default="a,c", help="a,b,c,d,e")
     parser.add_argument("--agents", type=int, default=20_000)
     parser.add_argument("--per-agent", type=int, default=500, help="agents of the per-agent side")
     parser.add_argument("--cot-agents", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--actors", type=int, default=2, help="keynes run's actors in (b) and (d)")
-    parser.add_argument("--ray-address", help="(b) and (d) join this Ray instead of starting one per run")
+    parser.add_argument("--ray-address", help="(b), (d) and (e) join this Ray instead of starting one per run")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of (e): the paper's 5 by default")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for s in args.sections.split(","):
@@ -164,6 +204,8 @@ def main() -> None:
             section_c(args.cot_agents, args.threads)
         elif s == "d":
             section_d(args.agents, args.actors, args.ray_address)
+        elif s == "e":
+            section_e(args.agents, args.per_agent, args.actors, args.ray_address, args.rounds)
 
 
 if __name__ == "__main__":

@@ -187,14 +187,19 @@ class Engine(Protocol):
     ``prompt_format``: ``"chat"`` if the engine receives each prompt split into the user's
     message and the assistant's opening (``RequestBatch.opening``) and applies its model's chat
     template; ``"completion"``: prompts are plain text. ``limit_wait_s``: seconds spent waiting
-    for rate limits so far (0 for engines without). ``reason_and_answer`` runs a chain of
-    thought's two phases. ``EngineBase`` gives the defaults of all three.
+    for rate limits so far (0 for engines without). ``tokens_evaluated`` and ``tokens_bound``:
+    an engine that counts the work of its shared-context answers says how many tokens it has
+    evaluated so far, and the least any evaluation could (None: not counted).
+    ``reason_and_answer`` runs a chain of thought's two phases. ``EngineBase`` gives the
+    defaults of these.
     """
 
     kind: str
     model: str
     prompt_format: str
     limit_wait_s: float
+    tokens_evaluated: int | None
+    tokens_bound: int | None
 
     def generate(self, batch: RequestBatch) -> CompletionBatch:
         """Complete every request of the batch, in order. Never raises for one
@@ -237,6 +242,8 @@ class EngineBase:
 
     prompt_format: str = "completion"
     limit_wait_s: float = 0.0
+    tokens_evaluated: int | None = None
+    tokens_bound: int | None = None
 
     def reason_and_answer(self, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
         return two_phases(self, free, answer, cue)  # type: ignore[arg-type]

@@ -162,6 +162,16 @@ class LlamaCppEngine(EngineBase):
         self._shared: SharedContext | None = None
         self._sequences: Sequences | None = None
 
+    @property
+    def tokens_evaluated(self) -> int | None:  # type: ignore[override]
+        """Tokens the shared-context answers have decoded so far (None without shared context)."""
+        return None if not self.spec.shared_context else self._shared.tokens_evaluated if self._shared else 0
+
+    @property
+    def tokens_bound(self) -> int | None:  # type: ignore[override]
+        """The least those answers could have decoded (``SharedContext.tokens_bound``)."""
+        return None if not self.spec.shared_context else self._shared.tokens_bound if self._shared else 0
+
     def generate(self, batch: RequestBatch) -> CompletionBatch:
         """Complete every request; constrained ones return only the number's text.
 

@@ -93,6 +93,13 @@ class SharedContext:
         self.n_vocab = llm.n_vocab()
         self.answers = SharedAnswers()
         self.tree = AnswerTrees(self.vocab)
+        #: Tokens decoded so far (prompt blocks and tree paths), and the least that could have
+        #: been: each distinct prompt's edges in the trie of the prompts computed so far (its
+        #: tokens past the prefix it shares with the previous one) plus one token per answer-tree
+        #: node after the root.
+        self.tokens_evaluated = 0
+        self.tokens_bound = 0
+        self._last: list[int] = []
 
     def generate(self, batch: RequestBatch, chain: Chain, add_bos: bool = True) -> CompletionBatch:
         """The batch's answers from the exact distribution of each distinct prompt.
@@ -126,6 +133,8 @@ class SharedContext:
             return [self.logits(tokens, r.path)[r.tokens] for r in requests]
 
         dist = walk([tree], [chain], evaluate)[0]
+        self.tokens_bound += max(1, len(tokens) - common_prefix(self._last, tokens)) + dist.evaluated - 1
+        self._last = tokens
         return dist, len(tokens)
 
     def logits(self, prompt: list[int], path: tuple[int, ...]) -> np.ndarray:
@@ -137,6 +146,7 @@ class SharedContext:
             llm.reset()
             keep = 0
         llm.n_tokens = keep
+        self.tokens_evaluated += len(seq) - keep
         for start, end in prompt_blocks(keep, len(prompt)):  # the prompt, block by block
             llm.eval(seq[start:end])
         for pos in range(max(keep, len(prompt)), len(seq)):  # the tree path, one token per decode (as the per-agent path runs it)

@@ -74,6 +74,10 @@ class ShardResult(_ArrowPickled):
     limit_wait_s: float = 0.0  # of the engine's requests, waiting on rate limits (summed over requests)
     #: Shared-context answers: each group's exact distribution (``answer_distributions`` rows).
     distributions: pl.DataFrame | None = None
+    #: Shared-context answers on an engine that counts them: tokens decoded, and the least
+    #: that could have been (``Engine.tokens_evaluated``, ``tokens_bound``); else None.
+    tokens_evaluated: int | None = None
+    tokens_bound: int | None = None
 
     _frame_field = "guesses"
 
@@ -89,6 +93,7 @@ class ShardPlayer:
     def play(self, job: ShardJob, node: str = "local") -> ShardResult:
         start = time.perf_counter()
         waited = self.engine.limit_wait_s  # engines with rate limits count their waits
+        work = (self.engine.tokens_evaluated, self.engine.tokens_bound)  # engines that count their shared answers' tokens
         arm, rule = job.arm, job.arm.rule
         agents = job.agents
         ids = agents["agent_id"].to_numpy().astype(np.int64)
@@ -154,8 +159,11 @@ class ShardPlayer:
                 pl.lit(arm.run_id).alias("run_id"), pl.lit(job.round, pl.Int32).alias("round"),
                 pl.lit(job.shard, pl.Int32).alias("shard"), "context", "answer", "probability", "agents",
             )
+        counted = None not in work and answer.shared_prompt is not None and not arm.mode.reasoning
         return ShardResult(guesses, node, self.worker, time.perf_counter() - start,
-                           self.engine.limit_wait_s - waited, distributions)
+                           self.engine.limit_wait_s - waited, distributions,
+                           self.engine.tokens_evaluated - work[0] if counted else None,
+                           self.engine.tokens_bound - work[1] if counted else None)
 
     def close(self) -> None:
         """Release the engine (its model and connections)."""

@@ -150,7 +150,8 @@ def commit_shards(warehouse: Warehouse, finished: list[tuple[ShardJob, ShardResu
         (result.guesses,
          {"run_id": job.arm.run_id, "round": job.round, "shard": job.shard, "n": job.agents.height,
           "node": result.node, "worker": result.worker, "seconds": result.seconds,
-          "limit_wait_s": result.limit_wait_s, "distributions": result.distributions})
+          "limit_wait_s": result.limit_wait_s, "distributions": result.distributions,
+          "tokens_evaluated": result.tokens_evaluated, "tokens_bound": result.tokens_bound})
         for job, result in finished
     ])
 

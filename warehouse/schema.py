@@ -220,6 +220,13 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, round, shard, context, answer)
     );
     """,
+    # 7 -> 8: the work of a shard's shared-context answers, on engines that count it (llama.cpp):
+    # tokens decoded, and the least that could have been (the trie of its distinct prompts plus
+    # one token per answer-tree node); NULL elsewhere
+    """
+    ALTER TABLE shards ADD COLUMN tokens_evaluated BIGINT;
+    ALTER TABLE shards ADD COLUMN tokens_bound BIGINT;
+    """,
 ]
 
 

@@ -185,9 +185,10 @@ class Warehouse(WarehouseFile):
             ).fetchall()[0][0]
             con.unregister("new_guesses")
             con.executemany(
-                """INSERT INTO shards (run_id, round, shard, n, node, worker, seconds, limit_wait_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-                   ON CONFLICT DO NOTHING""",
-                [[s["run_id"], s["round"], s["shard"], s["n"], s["node"], s["worker"], s["seconds"], s.get("limit_wait_s", 0.0)]
+                """INSERT INTO shards (run_id, round, shard, n, node, worker, seconds, limit_wait_s, tokens_evaluated, tokens_bound)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING""",
+                [[s["run_id"], s["round"], s["shard"], s["n"], s["node"], s["worker"], s["seconds"], s.get("limit_wait_s", 0.0),
+                  s.get("tokens_evaluated"), s.get("tokens_bound")]
                  for _, s in shards],
             )
             dists = [s["distributions"] for _, s in shards if s.get("distributions") is not None]

@@ -38,11 +38,12 @@ def test_sections_a_and_c_print_both_paths_and_their_ratios():
     assert eight > 0 and thirty_two > 0
 
 
-def test_sections_b_and_d_run_keynes_and_store_every_guess(session_cli):
+def test_sections_b_d_and_e_run_keynes_and_store_every_guess(session_cli):
     env, ray_address = session_cli
-    out = run_benchmark("shared_context.py", "--sections", "b,d", "--agents", "4", "--per-agent", "2",
+    out = run_benchmark("shared_context.py", "--sections", "b,d,e", "--agents", "4", "--per-agent", "2", "--rounds", "2",
                         "--actors", "1", "--ray-address", ray_address, timeout=900, env=env)
-    b, d = out.split("(b) 3 rounds")[1].split("(d) round 1")
+    b, rest = out.split("(b) 3 rounds")[1].split("(d) round 1")
+    d, e = rest.split("(e) the paper's five-round game")
     # (b) 3 rounds of 2 agents per agent, then 3 rounds of 4 agents shared; (d) 1 round of 4.
     stored = [tuple(map(int, g)) for g in re.findall(r"guesses stored: (\d+) \((\d+) valid\)", b)]
     assert stored == [(6, 6), (12, 12)], b
@@ -54,3 +55,17 @@ def test_sections_b_and_d_run_keynes_and_store_every_guess(session_cli):
     assert "joins the running Ray" in d and re.search(r"guesses stored: 4 \(4 valid\)", d), d
     wall, rate, peak, cpu = figures(rf"wall ({NUMBER}) s, ({NUMBER}) decisions/s, peak memory ({NUMBER}) GiB \(every process\), ({NUMBER}) CPU s", d)
     assert wall > 0 and peak > 0 and cpu > 0 and rate_of_printed(rate, 4, wall, rate_half=0.5), d  # wall to 0.1 s, rate to 1/s
+
+    # (e) 2 rounds of the five-round config's 2 arms: 2 agents per agent, then 4 shared
+    stored = [tuple(map(int, g)) for g in re.findall(r"guesses stored: (\d+) \((\d+) valid\)", e)]
+    assert stored == [(8, 8), (16, 16)], e
+    r1, r2, ratio = figures(rf"per-agent 8 decisions {NUMBER} s = ({NUMBER})/s \({NUMBER} CPU s\); "
+                            rf"shared 16 decisions {NUMBER} s = ({NUMBER})/s \({NUMBER} CPU s\); ratio ({NUMBER})x", e)
+    assert ratio_of_printed(ratio, r2, r1, half_step=0.05), e
+    table = re.findall(rf"round (\d): +(\d+) +(\d+) +({NUMBER}) +({NUMBER}) +({NUMBER})x", e)
+    assert [(int(r), int(n)) for r, n, *_ in table] == [(1, 8), (2, 8)], e
+    for _, n, prompts, evaluated, bound, over in table:
+        # distinct prompts among the round's decisions; every decision cost tokens, never fewer than the bound
+        assert 1 <= int(prompts) <= int(n) and float(evaluated) >= float(bound) > 0, e
+        assert abs(float(over) - float(evaluated) / float(bound)) < 0.02, e  # all printed to 0.01
+    assert int(table[1][2]) > int(table[0][2]), e  # round 2's prompts tell each agent its own guess

@@ -161,3 +161,46 @@ def test_a_mixture_of_gemma_and_the_simulated_engine(prefect_api, local_ray, db)
     engine, model, spec = q(db, "select engine, model, spec from runs")[0]
     assert (engine, model) == ("mixture", "mixture")
     assert [c["engine"]["kind"] for c in json.loads(spec)["components"]] == ["llamacpp", "simulated"]
+
+
+def test_shared_answers_count_the_tokens_they_evaluate_against_the_trie_bound(gguf):
+    """The work counters of the shared path (stored per shard): a prompt never seen costs at
+    least all its tokens; a later prompt costs at least its edges past the prefix it shares
+    with the previous one; every answer-tree node after the root costs at least one token."""
+    from engines.llamacpp_shared import common_prefix
+
+    engine = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1}))
+    try:
+        assert (engine.tokens_evaluated, engine.tokens_bound) == (0, 0)
+        constraint = Constraint(0, 100, True)
+        first, second = prompts("basic.j2", 2)  # two personas: one shared prefix, then they differ
+        engine.generate(batch([first] * 3, constraint))  # one distinct prompt, three agents
+        shared = engine._shared
+        tokens = shared.prompt_tokens(first)
+        nodes = engine.tokens_bound - len(tokens)  # answer-tree nodes after the root
+        assert nodes >= 1 and engine.tokens_evaluated >= engine.tokens_bound
+        evaluated, bound = engine.tokens_evaluated, engine.tokens_bound
+        engine.generate(batch([second], constraint, seed0=1))
+        edges = len(shared.prompt_tokens(second)) - common_prefix(tokens, shared.prompt_tokens(second))
+        assert 0 < edges < len(tokens)
+        assert engine.tokens_bound - bound > edges  # its edges, then its nodes
+        assert engine.tokens_evaluated - evaluated >= engine.tokens_bound - bound
+        counted = (engine.tokens_evaluated, engine.tokens_bound)
+        engine.generate(batch([first, second], constraint, seed0=2))  # both computed before: kept, nothing evaluated
+        assert (engine.tokens_evaluated, engine.tokens_bound) == counted
+    finally:
+        engine.close()
+    per_agent = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1, "shared_context": False}))
+    try:
+        assert (per_agent.tokens_evaluated, per_agent.tokens_bound) == (None, None)
+    finally:
+        per_agent.close()
+
+
+def test_every_shard_of_the_quickstart_says_what_its_shared_answers_cost(quickstart):
+    db, _ = quickstart
+    rows = q(db, "select r.prompt_mode, count(*), count(s.tokens_evaluated), min(s.tokens_evaluated - s.tokens_bound), min(s.tokens_bound) "
+                 "from shards s join runs r using (run_id) group by all order by 1")
+    basic, cot = rows
+    assert basic[1] == basic[2] and basic[3] >= 0 and basic[4] > 0  # counted on every shard of the basic arm
+    assert cot[2] == 0  # chain of thought's answers are drawn in each agent's own stream: not counted

@@ -13,8 +13,7 @@ import polars as pl
 
 from reports.data import ReportData
 from reports.depth import exact_answers, paired_comparisons, read_the_agents, reasoning_depth
-from reports.figures import (BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block,
-                             fmt, grid, table)
+from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, grid, table
 from reports.pools import arm_published, published_pools
 
 HEADER_COLOR = "#2b4a6f"

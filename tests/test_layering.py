@@ -8,7 +8,6 @@ dependency), read from the source with ``ast``: nothing is imported to check it.
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 import pytest

@@ -14,9 +14,10 @@ from functools import cached_property
 import numpy as np
 from scipy import optimize, stats
 
+from core.game import GameRule
+
 # The model the fit inverts is the one the simulated `cognitive_hierarchy` rule plays.
 from core.hierarchy import TAIL, cognitive_hierarchy_choices, poisson_levels_upto
-from core.game import GameRule
 
 #: The largest τ searched. Beyond it a population is at the equilibrium for every practical
 #: purpose (for 2/3 of the average its mean is below 0.1).

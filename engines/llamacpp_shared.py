@@ -8,13 +8,18 @@ prompt costs its tokens plus a few single-token decodes, and sorted prompts shar
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
+import os
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from engines import CompletionBatch, RequestBatch
-from engines.exact import AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, walk
+from engines.exact import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, walk
 from engines.llamacpp_internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, last_logits, vocab
+from engines.models import cache_dir
 
 #: Prompt tokens are evaluated in blocks at fixed positions (0, BLOCK, 2·BLOCK, …), whatever
 #: prefix is already cached: every decode, and so every logit, is then a function of the prompt
@@ -53,14 +58,23 @@ def prompt_blocks(start: int, end: int) -> Iterator[tuple[int, int]]:
 
 
 _VOCABS: dict[str, AnswerVocab] = {}
+#: What a vocabulary cache file holds (``vocab_cache_path``); a new layout gets a new number.
+_VOCAB_FORMAT = 1
 
 
 def answer_vocab(llm: Any) -> AnswerVocab:
-    """The model's answer tokens and end-of-generation tokens (computed once per model file)."""
+    """The model's answer tokens and end-of-generation tokens, computed once per model file: a
+    walk over its whole vocabulary through ctypes (~1 s for Gemma's 262,144 tokens), kept on disk
+    (``vocab_cache_path``) for every later process, and in memory for this one."""
     import llama_cpp
 
     key = str(llm.model_path)
     if key not in _VOCABS:
+        cache = vocab_cache_path(Path(key))
+        found = read_vocab_cache(cache)
+        if found is not None:
+            _VOCABS[key] = found
+            return found
         handle = vocab(llm)
         n = llm.n_vocab()
         buf = ctypes.create_string_buffer(64)
@@ -73,7 +87,50 @@ def answer_vocab(llm: Any) -> AnswerVocab:
             if llama_cpp.llama_vocab_is_eog(handle, token):
                 eog.append(token)
         _VOCABS[key] = AnswerVocab.from_pieces(pieces, eog)
+        write_vocab_cache(cache, _VOCABS[key])
     return _VOCABS[key]
+
+
+def vocab_cache_path(model: Path) -> Path:
+    """Where ``model``'s answer vocabulary is kept: ``$KEYNES_CACHE/vocab/<digest>.json``, the digest
+    of the model file's sha256, llama-cpp-python's version (how it spells tokens) and
+    ``ANSWER_CHARS`` (a keynes whose answers may hold other characters filters again). The sha256 is the file's ``.sha256`` stamp (engines/models.py)
+    while the stamp vouches for the file's size and modification time; a file without one is
+    named by its resolved path, size and modification time instead (hashing a model of several
+    GB would cost more than the walk it saves)."""
+    info = model.stat()
+    try:
+        stamp = json.loads(model.with_name(model.name + ".sha256").read_text())
+        stamped = stamp["size"] == info.st_size and stamp["mtime_ns"] == info.st_mtime_ns
+        identity = f"sha256:{stamp['sha256']}" if stamped else None
+    except (OSError, ValueError, KeyError, TypeError):
+        identity = None
+    identity = identity or f"file:{model.resolve()}:{info.st_size}:{info.st_mtime_ns}"
+    import llama_cpp
+
+    digest = hashlib.sha256(f"{_VOCAB_FORMAT}|{identity}|{llama_cpp.__version__}|{''.join(sorted(ANSWER_CHARS))}".encode()).hexdigest()
+    return cache_dir().parent / "vocab" / f"{digest}.json"
+
+
+def read_vocab_cache(path: Path) -> AnswerVocab | None:
+    """The answer vocabulary kept at ``path``, or None if there is none (or it cannot be read)."""
+    try:
+        data = json.loads(path.read_text())
+        return AnswerVocab(tuple(int(i) for i in data["ids"]), tuple(str(p) for p in data["pieces"]), tuple(int(e) for e in data["eog"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_vocab_cache(path: Path, answers: AnswerVocab) -> None:
+    """Keep ``answers`` at ``path`` (written whole, then renamed: a reader never sees half a file);
+    a cache that cannot be written costs only the walk next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+        partial.write_text(json.dumps({"ids": list(answers.ids), "pieces": list(answers.pieces), "eog": list(answers.eog)}))
+        os.replace(partial, path)
+    except OSError:
+        pass
 
 
 def prompt_tokens(llm: Any, prompt: str, add_bos: bool = True) -> list[int]:

@@ -25,6 +25,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from tasks.timings import mark
+
+mark("cli: imported")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="keynes: very large p-beauty-contest simulations with LLM agents.")
 console = Console(stderr=True)
 out = Console()
@@ -100,7 +103,7 @@ def run(
 
     for line in guard("keynes run"):  # what a killed earlier run left behind
         console.print(line, highlight=False)
-    from flows.experiment import check_prompting, experiment
+    from flows.prompting import check_prompting
 
     try:  # a model that cannot be prompted as configured (chat without a template) starts nothing
         check_prompting(cfg, cfg.arms_list())
@@ -113,15 +116,25 @@ def run(
         f"[bold]{cfg.name}[/] ({cfg.experiment_id}): {cfg.population.size:,} agents × {cfg.game.rounds} round(s) × "
         f"{len(cfg.arms_list())} arm(s) → {cfg.db}", highlight=False,
     )
+    mark("cli: header")
+    from flows.temporary_api import kept_alive, start_in_background
+
+    api_answers = start_in_background()  # Prefect's temporary API starts while Ray and the actors do
     import ray
 
-    from flows.temporary_api import kept_alive
+    from flows.experiment import experiment, warm_start
+    from tasks.pool import shutdown_pools
 
     ray_was_up = ray.is_initialized()  # a caller's own Ray (keynes run called in-process) stays up
     try:
-        with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:
-            with progress_hooks.reporting(RichReporter(bar)), kept_alive(lambda line: console.print(line, highlight=False)):
-                summary = experiment(str(config), overrides)
+        with kept_alive(lambda line: console.print(line, highlight=False)):
+            warm_start(cfg)  # Ray, and the actors that load their model meanwhile
+            api_answers()
+            with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:
+                with progress_hooks.reporting(RichReporter(bar)):
+                    mark("cli: flow called")
+                    summary = experiment(str(config), overrides)
+                    mark("cli: flow returned")
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
     except RuntimeError as exc:
@@ -130,8 +143,11 @@ def run(
         fail(f"Prefect's temporary API did not start within {os.environ[STARTUP_TIMEOUT]} s ({STARTUP_TIMEOUT}); "
              f"nothing was run. Give it longer, or {START_A_SERVER}")
     finally:
-        if ray.is_initialized() and not ray_was_up:
+        if ray_was_up:
+            shutdown_pools()  # the actors warm_start started in the caller's Ray (none left once the flow ran)
+        elif ray.is_initialized():
             ray.shutdown()
+        mark("cli: ray shut down")
     if summary.get("message"):  # nothing was played: say why (e.g. a `continue` experiment is complete)
         console.print(summary["message"], highlight=False)
         return

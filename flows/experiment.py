@@ -23,6 +23,7 @@ from flows import monitor
 from flows.config import ConfigError, ExperimentConfig
 from flows.failures import one_line_failures
 from flows.loading import load_config
+from flows.prompting import check_prompting, engine_index
 from tasks import progress, store
 from tasks.arms import Arm, check_prompt_inputs
 from tasks.budget import check_context
@@ -31,28 +32,27 @@ from tasks.personas import experiment_personas
 from tasks.play import play_round
 from tasks.pool import ensure_ray, shutdown_pools, warm_pool
 from tasks.report import report_stage
+from tasks.timings import mark
 
 
-def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, dict[str, Any]]:
-    """Each arm's prompt format, resolved before anything runs (see ``EngineSpec.prompting``).
-
-    Raises:
-        ConfigError: one line naming the engine, e.g. ``chat`` for a GGUF without a template.
+def start_workers(cfg: ExperimentConfig, arms: list[Arm], plan: dict[str, list[int]]) -> None:
+    """Start Ray and the actors of the first arm that plays, so that they start (and load their
+    engine) while the caller does other work; ``play_round`` finds them. Idempotent. Nothing
+    when nothing is to be played, nor with backstories: their own actors need the CPUs first.
     """
-    from engines.models import ModelError
-
-    out: dict[str, dict[str, Any]] = {}
-    for arm in arms:
-        try:
-            out[arm.run_id] = arm.engine.prompting()
-        except (ModelError, OSError, ValueError) as exc:  # also a path that is no model file, or too long a name
-            raise ConfigError(f"arms.engines.{_engine_index(cfg, arm)}: {getattr(exc, 'strerror', None) or exc}") from None
-    return out
+    if cfg.population.backstories.enabled or not any(plan.values()):
+        return
+    ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
+    first = next(a for a in arms if plan[a.run_id])
+    warm_pool(first, cfg.population.size, cfg.workers.actors, cfg.workers.shard_size)
 
 
-def _engine_index(cfg: ExperimentConfig, arm: Arm) -> int:
-    """The position of the arm's engine in ``arms.engines`` (for error paths)."""
-    return next((i for i, e in enumerate(cfg.arms.engines) if e == arm.engine), 0)
+def warm_start(cfg: ExperimentConfig) -> None:
+    """``start_workers`` for the rounds the flow will play, before it runs: ``keynes run`` calls
+    it while Prefect's temporary API starts, and the flow then finds Ray and the actors up."""
+    arms = cfg.arms_list()
+    finished = store.finished_rounds(store.open_warehouse(cfg.db), [a.run_id for a in arms], read_only=True)
+    start_workers(cfg, arms, round_plan(cfg, arms, finished))
 
 
 def round_plan(cfg: ExperimentConfig, arms: list[Arm], finished: dict[str, set[int]]) -> dict[str, list[int]]:
@@ -109,6 +109,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         A summary: experiment id, database, arms, rounds played and rows written, and
         whether every round of every arm is now played (``complete``).
     """
+    mark("flow: started")
     cfg = load_config(config, list(overrides or []) + ([f"db={db}"] if db else []))
     logger = get_run_logger()
     warehouse = store.open_warehouse(cfg.db)
@@ -138,18 +139,15 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     store.begin_experiment(
         warehouse, cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
+    mark("flow: experiment row")
     try:
-        if not cfg.population.backstories.enabled:
-            # The first arm's actors start (and load their engine) while the personas are
-            # sampled and stored. Not with backstories: their own actors need the CPUs first.
-            ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
-            first = next(a for a in arms if plan[a.run_id])
-            warm_pool(first, cfg.population.size, cfg.workers.actors, cfg.workers.shard_size)
+        start_workers(cfg, arms, plan)  # under `keynes run` they started already, beside Prefect's temporary API
         personas = experiment_personas(
             cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
             backstories=cfg.population.backstories, actors=cfg.workers.actors, ray_address=cfg.workers.ray_address,
             dashboard=cfg.workers.dashboard,
         )
+        mark("flow: personas")
         if cfg.groups is not None:
             personas = personas.with_columns(cfg.groups.assign(personas, cfg.seed))
             store.store_groups(warehouse, cfg.experiment_id, personas.select("agent_id", "group"))
@@ -161,12 +159,13 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             try:
                 check_context(arm, personas)
             except ValueError as exc:
-                raise ConfigError(f"arms.engines.{_engine_index(cfg, arm)}.{exc}") from None
+                raise ConfigError(f"arms.engines.{engine_index(cfg, arm)}.{exc}") from None
         ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
         if ray_info.get("dashboard_url"):
             print(f"Ray dashboard: {monitor.publish_dashboard(ray_info['dashboard_url'])}")
             summary["dashboard_url"] = ray_info["dashboard_url"]
         store.begin_runs(warehouse, [store.run_row(cfg.experiment_id, arm, prompting[arm.run_id]) for arm in arms])
+        mark("flow: run rows")
         monitor.publish_report(cfg.experiment_id)  # the live page, when a report server runs
         since = datetime.now(timezone.utc)
         # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
@@ -181,6 +180,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
                     shutdown_pools()
     finally:
         shutdown_pools()
+    mark("flow: played")
     summary["complete"] = all(summary["rounds"][a.run_id]["complete"] for a in arms)
     store.finish_experiment(warehouse, cfg.experiment_id, "completed" if summary["complete"] else "waiting")
     # Stage 5: the report page, linked in the UI. A failed report loses nothing: the

@@ -27,6 +27,7 @@ from prompts.context import agent_variables
 from prompts.modes import FINAL_CUE
 from prompts.render import render
 from tasks.arms import Arm
+from tasks.timings import mark
 
 
 class _ArrowPickled:
@@ -175,11 +176,20 @@ class AgentWorker:
     """A Ray actor that owns one engine and plays shards with it."""
 
     def __init__(self, spec: EngineSpec):
+        mark("actor: started")
         self.player = ShardPlayer(spec)
+        mark("actor: engine built")
         self.node = ray.get_runtime_context().get_node_id()
+        self.first = True  # no shard played yet (KEYNES_TIMINGS marks the first)
 
     def play(self, job: ShardJob) -> ShardResult:
-        return self.player.play(job, node=self.node)
+        if self.first:
+            mark("actor: first shard started")
+        result = self.player.play(job, node=self.node)
+        if self.first:
+            self.first = False
+            mark("actor: first shard played")
+        return result
 
     def complete(self, batch: RequestBatch) -> CompletionBatch:
         """Completions from this actor's engine outside a game (e.g. persona backstories)."""

@@ -23,6 +23,7 @@ from engines.limits import ensure_shared
 from engines.mixture import MixtureSpec
 from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
 from tasks.arms import Arm
+from tasks.timings import mark
 
 __all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "run_pools", "shutdown_pools", "warm_pool"]
 
@@ -65,7 +66,9 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
         # ray.init makes SIGTERM a bare sys.exit in the driver; keep the caller's handler (the
         # flow's: the run then ends as interrupted, like on Ctrl-C).
         on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+        mark("ray: starting")
         context = ray.init(**kwargs)
+        mark("ray: started")
         if on_sigterm is not None:
             signal.signal(signal.SIGTERM, on_sigterm)
         node = context.address_info.get("node_ip_address") or LOOPBACK
@@ -90,6 +93,7 @@ class WorkerPool:
         }
         ensure_shared(spec)  # an engine's rate limits, shared by its actors, belong to this driver
         self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
+        mark(f"pool: {actors} actor(s) requested")
 
     def run(self, jobs: list[Any], on_done: Callable[[list[tuple[Any, Any]]], None], method: str = "play") -> None:
         """Play every job (or pass each to the actors' ``method``), calling ``on_done`` in

@@ -61,7 +61,9 @@ def run_and_strike(tmp_path: Path, prefect_home: Path, strike) -> tuple[subproce
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     parent = psutil.Process(run.pid)
     try:
-        wait_for(lambda: _found(parent, "ray::AgentWorker") is not None or run.poll() is not None, 240, "the actors to start")
+        # keynes run starts its actors beside its temporary API, before the flow: wait for the flow's experiment row too
+        wait_for(lambda: (_found(parent, "ray::AgentWorker") is not None and _begun(db)) or run.poll() is not None, 240,
+                 "the actors to start and the flow to record its experiment")
         server = _found(parent, SERVER)
         assert run.poll() is None and server is not None, "the run ended before its temporary API could be struck"
         port = re.search(r"--port (\d+)", " ".join(server.cmdline())).group(1)
@@ -77,6 +79,13 @@ def run_and_strike(tmp_path: Path, prefect_home: Path, strike) -> tuple[subproce
 def stored(db: Path, sql: str) -> list[tuple]:
     with duckdb.connect(str(db), read_only=True) as con:
         return con.execute(sql).fetchall()
+
+
+def _begun(db: Path) -> bool:
+    try:
+        return db.exists() and stored(db, "select count(*) from experiments") == [(1,)]
+    except duckdb.Error:  # the run holds the file this moment
+        return False
 
 
 @pytest.mark.slow

@@ -1,0 +1,34 @@
+"""Each arm's prompt format, checked before anything starts.
+
+Apart from the flow's module so that ``keynes run`` checks it (and prints its header) before it
+imports Prefect and Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flows.config import ConfigError, ExperimentConfig
+from tasks.arms import Arm
+
+
+def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, dict[str, Any]]:
+    """Each arm's prompt format, resolved before anything runs (see ``EngineSpec.prompting``).
+
+    Raises:
+        ConfigError: one line naming the engine, e.g. ``chat`` for a GGUF without a template.
+    """
+    from engines.models import ModelError
+
+    out: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        try:
+            out[arm.run_id] = arm.engine.prompting()
+        except (ModelError, OSError, ValueError) as exc:  # also a path that is no model file, or too long a name
+            raise ConfigError(f"arms.engines.{engine_index(cfg, arm)}: {getattr(exc, 'strerror', None) or exc}") from None
+    return out
+
+
+def engine_index(cfg: ExperimentConfig, arm: Arm) -> int:
+    """The position of the arm's engine in ``arms.engines`` (for error paths)."""
+    return next((i for i, e in enumerate(cfg.arms.engines) if e == arm.engine), 0)

@@ -1,0 +1,61 @@
+"""benchmarks/cold_start.py at a tiny size (200 agents, one shard per run): both runs complete and
+their printed timelines add up. A cold start for real: no PREFECT_API_URL and no Ray address, so
+each `keynes run` starts its own temporary Prefect API and local Ray, on a PREFECT_HOME holding a
+migrated database (as after a user's first run: the migration itself is not what is measured)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from tests.benchmarks.smoke import NUMBER, figures, ratio_of_printed, run_benchmark
+
+POINTS = ("header printed", "experiment row created", "run row created", "first shard committed", "last shard committed", "process exit")
+
+
+@pytest.fixture(scope="module")
+def printed(tmp_path_factory) -> str:
+    from tests.support.prefect_db import seed_home
+
+    home = seed_home(tmp_path_factory.mktemp("prefect"), tmp_path_factory)
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
+    out = run_benchmark("cold_start.py", "--agents", "200", "--prefect-home", str(home), timeout=600, env=env)
+    print(out)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.llm
+def test_the_timelines_are_in_order_and_the_ratio_is_of_the_walls(printed):
+    out = printed
+    assert re.search(r"^run 1 of 1 \(load average [\d.]+ on \d+ cores\):$", out, re.MULTILINE), out
+    gemma, simulated = {}, {}
+    for point in POINTS:
+        gemma[point], simulated[point] = figures(rf"^  {point}\s+({NUMBER})\s+({NUMBER})$", out)
+    for timeline in (gemma, simulated):
+        moments = [timeline[p] for p in POINTS]
+        assert 0 < moments[0] and moments == sorted(moments), (timeline, out)
+    # One shard of 200 agents: the first shard is the last
+    assert gemma["first shard committed"] == gemma["last shard committed"], out
+    top, bottom, ratio = figures(rf"^  wall: gemma ({NUMBER}) s, simulated ({NUMBER}) s: gemma/simulated ({NUMBER})x$", out)
+    assert (top, bottom) == (gemma["process exit"], simulated["process exit"]) and ratio_of_printed(ratio, top, bottom), out
+
+
+@pytest.mark.slow
+@pytest.mark.llm
+def test_prefect_s_api_and_the_actors_start_before_the_flow(printed):
+    """KEYNES_TIMINGS=1's phases: the temporary API starts after the header, and it answers and Ray
+    is up before the flow starts; each actor's phases (those Ray forwarded) come in their order."""
+    for engine in ("gemma", "simulated"):
+        block = re.search(rf"^  phases of {engine} \(KEYNES_TIMINGS=1\), seconds after the command starts:\n((?:    .*\n?)+)", printed, re.MULTILINE)
+        assert block, printed
+        phases = {phase: float(seconds) for seconds, phase in re.findall(r"^\s+([\d.]+)  (.+)$", block.group(1), re.MULTILINE)}
+        assert phases["cli: header"] <= phases["api: starting"] <= phases["api: answering"] <= phases["flow: started"], (engine, phases)
+        assert phases["ray: starting"] <= phases["ray: started"] <= phases["flow: started"] <= phases["flow: run rows"], (engine, phases)
+        actors = {name.split(":")[0] for name in phases if name.startswith("actor ")}
+        assert actors, (engine, phases)
+        for actor in actors:
+            moments = [phases[f"{actor}: {p}"] for p in ("started", "engine built", "first shard started", "first shard played") if f"{actor}: {p}" in phases]
+            assert moments == sorted(moments), (engine, actor, phases)

@@ -14,7 +14,8 @@ import os
 import signal
 import threading
 from collections import deque
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import ray
 
@@ -40,6 +41,35 @@ _RAY: dict[str, Any] = {}
 LOOPBACK = "127.0.0.1"
 
 
+@contextmanager
+def _sigterm_deferred() -> Iterator[None]:
+    """Around ``ray.init``: a SIGTERM is noted, then handed to the caller's handler once Ray is up.
+
+    ``ray.init`` makes SIGTERM a bare ``sys.exit`` in the driver for as long as it runs and
+    after. Raised wherever the main thread happens to be, that exit was lost when it landed in
+    an at-fork callback of Ray's process starts ("Exception ignored in: <function
+    _releaseLock>"): the run went on as if nothing had been sent. The caller's handler (the
+    flow's: the run then ends as interrupted, like on Ctrl-C) is kept after ``ray.init`` too.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import ray._private.utils as ray_utils
+
+    caller = signal.getsignal(signal.SIGTERM)
+    noted: list[int] = []
+    install = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None  # ray.init's own: keep ours while it runs
+    signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = install
+        signal.signal(signal.SIGTERM, caller)
+        if noted:  # delivered again, now that the caller's handler is back: it runs at a safe point
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
     """Join a Ray cluster (``address``) or start a local Ray; idempotent.
 
@@ -63,14 +93,10 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
             kwargs["include_dashboard"] = dashboard
             kwargs["dashboard_host"] = LOOPBACK
             kwargs["object_store_memory"] = 1 << 30
-        # ray.init makes SIGTERM a bare sys.exit in the driver; keep the caller's handler (the
-        # flow's: the run then ends as interrupted, like on Ctrl-C).
-        on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         mark("ray: starting")
-        context = ray.init(**kwargs)
+        with _sigterm_deferred():
+            context = ray.init(**kwargs)
         mark("ray: started")
-        if on_sigterm is not None:
-            signal.signal(signal.SIGTERM, on_sigterm)
         node = context.address_info.get("node_ip_address") or LOOPBACK
         if not address and not ipaddress.ip_address(node).is_loopback:
             log.warning("the local Ray listens on %s, reachable from other machines: set "

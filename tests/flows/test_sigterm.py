@@ -59,3 +59,30 @@ def test_sigterm_mid_round_marks_the_experiment_interrupted_and_ends_by_sigterm(
     with duckdb.connect(str(db), read_only=True) as con:
         statuses = con.execute("select status from experiments union all select status from runs").fetchall()
     assert statuses == [("interrupted",), ("interrupted",)], out[-3000:]
+
+
+#: A driver that counts SIGTERMs itself, sent one while ``ensure_ray`` starts a local Ray.
+DURING_INIT = """
+import os, signal, sys, threading, time
+from flows import settings
+settings.apply()
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+from tasks.pool import ensure_ray
+import ray
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+ensure_ray(num_cpus=1)
+deadline = time.time() + 5
+while not got and time.time() < deadline:
+    time.sleep(0.05)
+print("ray up:", ray.is_initialized(), "handled:", got, flush=True)
+ray.shutdown()
+"""
+
+
+def test_a_sigterm_while_ray_starts_reaches_the_callers_handler_once_ray_is_up():
+    """Before: Ray's own handler (``sys.exit``) ran in the middle of ``ray.init`` — the driver
+    exited with 15 from inside it, or, when the exit landed in an at-fork callback, it was
+    dropped and the run went on (the chaos benchmark's Gemma run: 120 s without exiting)."""
+    done = subprocess.run([sys.executable, "-c", DURING_INIT], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and "ray up: True handled: [15]" in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])

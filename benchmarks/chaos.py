@@ -3,7 +3,8 @@
 The benchmark writes a config, runs it once uninterrupted (``keynes run CONFIG --db
 reference.duckdb``, a subprocess, as a user runs it), then runs it again into another file and
 interrupts it ``--kills`` times at random moments (``random.Random(--seed)``; each drawn over the
-first ``--window`` of what the run is expected to last), each kill of one of these kinds, all
+first ``--window`` of its share of what the run is expected to last, shared evenly among the kills
+still to come, so that all of them land before it completes), each kill of one of these kinds, all
 kinds in turn in a shuffled order:
 
 - ``run-sigkill``: SIGKILL of the ``keynes run`` process;
@@ -242,8 +243,9 @@ def interrupted_runs(command: list[str], env: dict[str, str], workdir: Path, db:
 
     A run's expected length is its start-up (until its first actor runs: the last run's, else
     the reference's) plus the reference's play time scaled by the share of guesses still
-    missing. Its kill's moment is drawn uniformly over the first ``args.window`` of that; after
-    a kill it survives, the next one's over the same share of what is left (at least 3 s). At
+    missing. Its kill's moment is drawn uniformly over the first ``args.window`` of that length
+    divided by the kills still to come; after a kill it survives, the next one's over the same
+    share of what is left (at least 3 s). At
     the moment the next kind of the schedule whose process runs strikes (an actor's only runs
     while rounds are played, Prefect's temporary API only in a run that started one).
     """
@@ -258,7 +260,7 @@ def interrupted_runs(command: list[str], env: dict[str, str], workdir: Path, db:
         own_api = "PREFECT_API_URL" not in env or (pending and pending[0] == "api-sigkill")
         attempt_env = {k: v for k, v in env.items() if not (own_api and k == "PREFECT_API_URL")}
         expected = startup_s + play_s * (1 - stored_fraction(db, total))
-        moment = rng.uniform(0, args.window * expected)
+        moment = rng.uniform(0, args.window * expected / max(1, len(pending)))
         chaos.attempts += 1
         attempt = Attempt(command, attempt_env, workdir / f"attempt-{chaos.attempts}.log")
         if previous is not None:
@@ -273,7 +275,7 @@ def interrupted_runs(command: list[str], env: dict[str, str], workdir: Path, db:
             if kind not in SURVIVABLE:
                 break
             print(f"  run {chaos.attempts}: {kind} at {attempt.struck_at:.1f} s; the run goes on", flush=True)
-            moment = attempt.elapsed() + rng.uniform(0, args.window * max(expected - attempt.elapsed(), 3.0))
+            moment = attempt.elapsed() + rng.uniform(0, args.window * max(expected - attempt.elapsed(), 3.0) / max(1, len(pending)))
         code = attempt.popen.returncode
         chaos.tagged_seen += len(attempt.tagged_seen)
         if code == 0:
@@ -448,7 +450,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"Kinds of kill, taken in turn: {', '.join(KINDS)}.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the kill moments, kinds and victims.")
     parser.add_argument("--window", type=float, default=0.5,
-                        help="Kill moments are drawn over this first share of each run's expected length (1: all of it; more runs then complete before their kill).")
+                        help="Kill moments are drawn over this first share of each run's expected length divided by the kills still to come (1: all of it; more runs then complete before their kill).")
     parser.add_argument("--attempt-timeout", type=float, default=3600, help="Seconds a run may take.")
     parser.add_argument("--exit-timeout", type=float, default=120, help="Seconds a killed run may take to exit.")
     parser.add_argument("--workdir", type=Path, help="Where the config, warehouses and logs go (default: a temporary folder, removed).")

@@ -42,13 +42,14 @@ LOOPBACK = "127.0.0.1"
 
 
 @contextmanager
-def _sigterm_deferred() -> Iterator[None]:
-    """Around ``ray.init``: a SIGTERM is noted, then handed to the caller's handler once Ray is up.
+def _signals_deferred() -> Iterator[None]:
+    """Around ``ray.init``: a SIGTERM or Ctrl-C is noted, then handed to the caller's handler once
+    Ray is up.
 
-    ``ray.init`` makes SIGTERM a bare ``sys.exit`` in the driver for as long as it runs and
-    after. Raised wherever the main thread happens to be, that exit was lost when it landed in
-    an at-fork callback of Ray's process starts ("Exception ignored in: <function
-    _releaseLock>"): the run went on as if nothing had been sent. The caller's handler (the
+    ``ray.init`` makes SIGTERM a bare ``sys.exit`` in the driver, and it starts Ray's processes;
+    an exception raised by a signal handler while Python runs an at-fork callback of one of
+    those starts is dropped ("Exception ignored in: <function _releaseLock>"), and the signal
+    with it: the run went on as if nothing had been sent. The caller's SIGTERM handler (the
     flow's: the run then ends as interrupted, like on Ctrl-C) is kept after ``ray.init`` too.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -56,18 +57,21 @@ def _sigterm_deferred() -> Iterator[None]:
         return
     import ray._private.utils as ray_utils
 
-    caller = signal.getsignal(signal.SIGTERM)
+    held = (signal.SIGINT, signal.SIGTERM)
+    callers = {signum: signal.getsignal(signum) for signum in held}
     noted: list[int] = []
     install = ray_utils.set_sigterm_handler
     ray_utils.set_sigterm_handler = lambda handler: None  # ray.init's own: keep ours while it runs
-    signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
+    for signum in held:
+        signal.signal(signum, lambda signum, frame: noted.append(signum))
     try:
         yield
     finally:
         ray_utils.set_sigterm_handler = install
-        signal.signal(signal.SIGTERM, caller)
-        if noted:  # delivered again, now that the caller's handler is back: it runs at a safe point
-            os.kill(os.getpid(), signal.SIGTERM)
+        for signum, handler in callers.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(noted):  # delivered again, now that the caller's handlers are back
+            os.kill(os.getpid(), signum)
 
 
 def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
@@ -94,7 +98,7 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
             kwargs["dashboard_host"] = LOOPBACK
             kwargs["object_store_memory"] = 1 << 30
         mark("ray: starting")
-        with _sigterm_deferred():
+        with _signals_deferred():
             context = ray.init(**kwargs)
         mark("ray: started")
         node = context.address_info.get("node_ip_address") or LOOPBACK

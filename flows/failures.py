@@ -31,6 +31,7 @@ from prefect.states import Failed
 from flows.config import ConfigError
 from flows.loading import load_config
 from tasks import store
+from tasks.retries import INTERRUPTED
 from warehouse.store import WarehouseError
 
 #: Errors whose message is the whole story (each names the field or file and the value).
@@ -143,6 +144,7 @@ def _signals_noted() -> Iterator[list[int]]:
 
     def note(signum: int, frame: Any) -> None:
         noted.append(signum)
+        INTERRUPTED.set()  # no task retries an error from now on: the interrupt caused it
         handler = previous[signum]
         if callable(handler):
             handler(signum, frame)
@@ -152,9 +154,11 @@ def _signals_noted() -> Iterator[list[int]]:
 
     for signum in previous:
         signal.signal(signum, note)
+    INTERRUPTED.clear()
     try:
         yield noted
     finally:
+        INTERRUPTED.clear()
         for signum, handler in previous.items():
             if signal.getsignal(signum) is note:
                 signal.signal(signum, handler)

@@ -6,6 +6,7 @@ timeout) are retried with exponential backoff and jitter; bad input is not retri
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import duckdb
@@ -23,6 +24,13 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+#: Set while a flow run that was sent Ctrl-C or SIGTERM ends (``flows.failures`` notes the
+#: signals): an error a task meets then is the interrupt's doing — an actor stopped by the same
+#: Ctrl-C, a query DuckDB cut short — and a retry would carry the run on as if nothing had been
+#: sent (it did: the run completed with exit 0).
+INTERRUPTED = threading.Event()
+
+
 def is_transient(error: BaseException | None) -> bool:
     """Whether an error comes from an engine or I/O (retry) rather than from the input (don't);
     a full disk is I/O that no retry mends."""
@@ -30,9 +38,9 @@ def is_transient(error: BaseException | None) -> bool:
 
 
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect ``retry_condition_fn``: retry only engine and I/O errors."""
+    """Prefect ``retry_condition_fn``: retry only engine and I/O errors, and none once the run is interrupted."""
     error = state.data if isinstance(state.data, BaseException) else None
-    return is_transient(error)
+    return is_transient(error) and not INTERRUPTED.is_set()
 
 
 #: The keyword arguments of ``@task`` for a stage that talks to engines or the warehouse:

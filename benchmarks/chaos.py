@@ -117,8 +117,11 @@ class Attempt:
         self.log = log
         self.started = time.monotonic()
         with open(log, "w") as out:
+            # As a terminal starts a foreground job: Ctrl-C not ignored (a benchmark started in a
+            # script's background inherits SIGINT ignored, and Python keeps it so: the ctrl-c kind hung).
             self.popen = subprocess.Popen(command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.pid = self.popen.pid
         self.tag = f"{self.pid}:{psutil.Process(self.pid).create_time()}"  # as flows.processes.guard sets it
         self.tagged_seen: set[int] = set()

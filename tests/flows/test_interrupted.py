@@ -111,7 +111,11 @@ def test_no_task_retries_an_error_once_the_run_is_interrupted(db):
             seen.append(retry_transient(None, None, failed))
             raise
 
-    with pytest.raises(KeyboardInterrupt):
-        flow(TWO_ARMS, db=str(db))
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)  # a pytest-xdist worker ignores Ctrl-C
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            flow(TWO_ARMS, db=str(db))
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert seen == [True, False]
     assert not INTERRUPTED.is_set() and retry_transient(None, None, failed)  # the next run retries again

@@ -57,8 +57,11 @@ def run_and_strike(tmp_path: Path, prefect_home: Path, strike) -> tuple[subproce
     config.write_text(yaml.safe_dump(CONFIG))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
     env.update(PREFECT_HOME=str(prefect_home), KEYNES_CACHE=str(tmp_path / "cache"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    # A terminal's foreground job, whose Ctrl-C is not ignored: a process started by a pytest-xdist
+    # worker (or from a script's background job) inherits SIGINT ignored, and Python keeps it so.
     run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     parent = psutil.Process(run.pid)
     try:
         # keynes run starts its actors beside its temporary API, before the flow: wait for the flow's experiment row too

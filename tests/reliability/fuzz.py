@@ -28,6 +28,12 @@ import engines
 from engines.mixture import MixtureComponent, MixtureSpec
 from flows.config import ExperimentConfig
 
+# Build a regex strategy once at import, on a shallow stack: hypothesis imports its regex module
+# the first time one is drawn, and that import (its source compiled under pytest's assertion
+# rewriting) deep inside a strategy's validation failed once with CPython 3.11's "SystemError:
+# AST constructor recursion depth mismatch".
+st.from_regex(r"a", fullmatch=True).validate()
+
 # The suite's runs are reproducible: each test draws the same examples every time (derandomize),
 # without a local database of past failures (found ones are kept as explicit examples in the
 # tests). KEYNES_FUZZ=explore draws new ones on every run (docs/development.md).

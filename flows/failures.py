@@ -140,7 +140,8 @@ def _signals_noted() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield noted
         return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A signal the process ignores (SIGINT, for a job started in a script's background) stays ignored.
+    previous = {s: h for s in (signal.SIGINT, signal.SIGTERM) if (h := signal.getsignal(s)) != signal.SIG_IGN}
 
     def note(signum: int, frame: Any) -> None:
         noted.append(signum)

@@ -65,6 +65,23 @@ def drop_cache_from(llm: Any, keep: int) -> bool:
     return bool(llm._ctx.kv_cache_seq_rm(-1, keep, -1))
 
 
+def eval_without_logits(llm: Any, tokens: list[int]) -> None:
+    """``llm.eval(tokens)`` without the logits of the last token (``Llama.eval`` always asks
+    llama.cpp for them: one row of the output layer, ~25 ms on Gemma's 262,144-token vocabulary,
+    about as long as the rest of a one-token decode). The KV cache llama.cpp writes is the same
+    bit for bit: the output rows are chosen after the last layer's keys and values are stored
+    (tests/engines/test_llamacpp_internals.py). ``tokens`` must fit one batch (``n_batch``)."""
+    if not tokens:
+        return
+    assert len(tokens) <= llm.n_batch, (len(tokens), llm.n_batch)
+    llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+    llm._batch.set_batch(batch=tokens, n_past=llm.n_tokens, logits_all=False)
+    llm._batch.batch.logits[len(tokens) - 1] = False  # set_batch always asks for the last row
+    llm._ctx.decode(llm._batch)
+    llm.input_ids[llm.n_tokens : llm.n_tokens + len(tokens)] = tokens
+    llm.n_tokens += len(tokens)
+
+
 def last_logits(llm: Any, n_vocab: int) -> np.ndarray:
     """The logits row of the loaded context's last evaluated token (a view: copy to keep it)."""
     return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))

@@ -18,7 +18,7 @@ import numpy as np
 
 from engines import CompletionBatch, RequestBatch
 from engines.exact import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, walk
-from engines.llamacpp_internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, last_logits, vocab
+from engines.llamacpp_internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, eval_without_logits, last_logits, vocab
 from engines.models import cache_dir
 
 #: Prompt tokens are evaluated in blocks at fixed positions (0, BLOCK, 2·BLOCK, …), whatever
@@ -204,9 +204,12 @@ class SharedContext:
             keep = 0
         llm.n_tokens = keep
         self.tokens_evaluated += len(seq) - keep
-        for start, end in prompt_blocks(keep, len(prompt)):  # the prompt, block by block
-            llm.eval(seq[start:end])
-        for pos in range(max(keep, len(prompt)), len(seq)):  # the tree path, one token per decode (as the per-agent path runs it)
-            llm.eval(seq[pos : pos + 1])
+        # The prompt block by block, then the tree path one token per decode (as the per-agent
+        # path runs it); only the last decode computes logits (the KV is the same either way).
+        steps = [*prompt_blocks(keep, len(prompt)), *((pos, pos + 1) for pos in range(max(keep, len(prompt)), len(seq)))]
+        for start, end in steps[:-1]:
+            eval_without_logits(llm, seq[start:end])
+        start, end = steps[-1]
+        llm.eval(seq[start:end])
         row = last_logits(llm, self.n_vocab)
         return row.copy()

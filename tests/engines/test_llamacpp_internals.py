@@ -60,6 +60,32 @@ def test_the_kv_cache_is_read_trimmed_and_its_last_logits_reproduce(llm):
     assert np.allclose(internals.last_logits(llm, llm.n_vocab()), full, atol=1e-3)
 
 
+def test_decodes_without_logits_leave_the_same_kv_bit_for_bit(llm):
+    """Blocks of the prompt and single tokens evaluated without their logits, then the last block
+    with them: the same last logits row as evaluating every step with ``llm.eval``, bit for bit,
+    and the context holds the same tokens."""
+    ids = tokens(llm)
+    steps = [(0, 8), (8, 16), *((p, p + 1) for p in range(16, len(ids) - 3)), (len(ids) - 3, len(ids))]
+
+    def last_row(without_logits: bool) -> np.ndarray:
+        llm.reset()
+        assert internals.drop_cache_from(llm, 0)
+        for start, end in steps[:-1]:
+            if without_logits:
+                internals.eval_without_logits(llm, ids[start:end])
+            else:
+                llm.eval(ids[start:end])
+        assert llm.n_tokens == steps[-1][0] and internals.cached_tokens(llm) == ids[: steps[-1][0]]
+        llm.eval(ids[steps[-1][0]:])
+        return internals.last_logits(llm, llm.n_vocab()).copy()
+
+    expected = last_row(False)
+    row = last_row(True)
+    assert internals.cached_tokens(llm) == ids
+    assert np.array_equal(row, expected), float(np.abs(row - expected).max())
+    assert not np.array_equal(row, np.zeros_like(row))
+
+
 def test_a_second_context_on_the_same_weights_decodes_the_same_logits(llm):
     import llama_cpp
 

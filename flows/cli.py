@@ -117,18 +117,24 @@ def run(
         f"{len(cfg.arms_list())} arm(s) → {cfg.db}", highlight=False,
     )
     mark("cli: header")
+    from flows.temporary_api import kept_alive, start_in_background
+
+    api_answers = start_in_background()  # Prefect's temporary API starts while Ray and the actors do
     import ray
 
-    from flows.experiment import experiment
-    from flows.temporary_api import kept_alive
+    from flows.experiment import experiment, warm_start
+    from tasks.pool import shutdown_pools
 
     ray_was_up = ray.is_initialized()  # a caller's own Ray (keynes run called in-process) stays up
     try:
-        with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:
-            with progress_hooks.reporting(RichReporter(bar)), kept_alive(lambda line: console.print(line, highlight=False)):
-                mark("cli: flow called")
-                summary = experiment(str(config), overrides)
-                mark("cli: flow returned")
+        with kept_alive(lambda line: console.print(line, highlight=False)):
+            warm_start(cfg)  # Ray, and the actors that load their model meanwhile
+            api_answers()
+            with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:
+                with progress_hooks.reporting(RichReporter(bar)):
+                    mark("cli: flow called")
+                    summary = experiment(str(config), overrides)
+                    mark("cli: flow returned")
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
     except RuntimeError as exc:
@@ -137,7 +143,9 @@ def run(
         fail(f"Prefect's temporary API did not start within {os.environ[STARTUP_TIMEOUT]} s ({STARTUP_TIMEOUT}); "
              f"nothing was run. Give it longer, or {START_A_SERVER}")
     finally:
-        if ray.is_initialized() and not ray_was_up:
+        if ray_was_up:
+            shutdown_pools()  # the actors warm_start started in the caller's Ray (none left once the flow ran)
+        elif ray.is_initialized():
             ray.shutdown()
         mark("cli: ray shut down")
     if summary.get("message"):  # nothing was played: say why (e.g. a `continue` experiment is complete)

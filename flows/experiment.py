@@ -37,14 +37,22 @@ from tasks.timings import mark
 
 def start_workers(cfg: ExperimentConfig, arms: list[Arm], plan: dict[str, list[int]]) -> None:
     """Start Ray and the actors of the first arm that plays, so that they start (and load their
-    engine) while the personas are sampled and stored; ``play_round`` finds them. Nothing when
-    nothing is to be played, nor with backstories: their own actors need the CPUs first.
+    engine) while the caller does other work; ``play_round`` finds them. Idempotent. Nothing
+    when nothing is to be played, nor with backstories: their own actors need the CPUs first.
     """
     if cfg.population.backstories.enabled or not any(plan.values()):
         return
     ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
     first = next(a for a in arms if plan[a.run_id])
     warm_pool(first, cfg.population.size, cfg.workers.actors, cfg.workers.shard_size)
+
+
+def warm_start(cfg: ExperimentConfig) -> None:
+    """``start_workers`` for the rounds the flow will play, before it runs: ``keynes run`` calls
+    it while Prefect's temporary API starts, and the flow then finds Ray and the actors up."""
+    arms = cfg.arms_list()
+    finished = store.finished_rounds(store.open_warehouse(cfg.db), [a.run_id for a in arms], read_only=True)
+    start_workers(cfg, arms, round_plan(cfg, arms, finished))
 
 
 def round_plan(cfg: ExperimentConfig, arms: list[Arm], finished: dict[str, set[int]]) -> dict[str, list[int]]:
@@ -133,7 +141,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     )
     mark("flow: experiment row")
     try:
-        start_workers(cfg, arms, plan)
+        start_workers(cfg, arms, plan)  # under `keynes run` they started already, beside Prefect's temporary API
         personas = experiment_personas(
             cfg.experiment_id, cfg.population.load(), cfg.population.size, cfg.seed, warehouse,
             backstories=cfg.population.backstories, actors=cfg.workers.actors, ray_address=cfg.workers.ray_address,

@@ -8,6 +8,9 @@ server too (it is in the run's process group), the interrupted flow's last call 
 its end) took over a minute and ended in a traceback. ``kept_alive`` watches the server while
 the flow runs and starts it again on the same port and database: the calls in flight retry
 until it answers, and the run goes on, or ends as interrupted within seconds.
+
+``start_in_background`` starts the server in a thread before the flow needs it: ``keynes run``
+starts Ray and its actors meanwhile (the two took ~8 s each here, one after the other).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
+
+from tasks.timings import mark
 
 #: Seconds between two looks at the server.
 POLL_S = 0.5
@@ -52,3 +57,39 @@ def kept_alive(say: Callable[[str], None] = print) -> Iterator[None]:
     finally:
         stop.set()  # not joined: a restart in progress must not hold up a run that is ending
 
+
+def start_in_background() -> Callable[[], None]:
+    """Start Prefect's temporary API in a thread if this process's flow will need it (no
+    ``PREFECT_API_URL``, ephemeral mode allowed); the flow then finds it answering.
+
+    Returns:
+        ``wait``: blocks until the server answers; raises what starting it raised (Prefect's
+        ``RuntimeError`` when it does not answer within its startup timeout). Call it before
+        the flow: Prefect takes a server that is starting for one that answers.
+    """
+    # Imported here, not in the thread: two threads importing the same packages at once can
+    # see each other's modules half-initialised.
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        return lambda: None
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        mark("api: starting")
+        try:
+            SubprocessASGIServer().start()  # the instance Prefect's client uses (keyed by no port)
+            mark("api: answering")
+        except BaseException as exc:  # raised again in the caller's thread
+            failed.append(exc)
+
+    starter = threading.Thread(target=start, name="keynes-temporary-api-start", daemon=True)
+    starter.start()
+
+    def wait() -> None:
+        starter.join()
+        if failed:
+            raise failed[0]
+
+    return wait

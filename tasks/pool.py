@@ -50,7 +50,7 @@ def _signals_deferred() -> Iterator[None]:
     an exception raised by a signal handler while Python runs an at-fork callback of one of
     those starts is dropped ("Exception ignored in: <function _releaseLock>"), and the signal
     with it: the run went on as if nothing had been sent. The caller's SIGTERM handler (the
-    flow's: the run then ends as interrupted, like on Ctrl-C) is kept after ``ray.init`` too.
+    flow's: the run then ends as interrupted, like on Ctrl-C; before the flow, under ``keynes run``, the default: the process ends by it) is kept after ``ray.init`` too.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

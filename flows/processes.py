@@ -95,7 +95,10 @@ def kill(processes: list[psutil.Process], wait_s: float = 1.0) -> None:
 def clean_leftovers(directory: Path | None = None) -> list[str]:
     """End what earlier, killed commands left running; one line per record cleaned.
 
-    A record whose owner still runs belongs to a live command and is left alone.
+    A record whose owner still runs belongs to a live command and is left alone. The watchdog of
+    a command killed a moment ago may still be ending its processes (up to ``GRACE_S`` each): it
+    is given the time to finish, then what is left is ended here, the processes that carry the
+    killed command's mark included, so that a new command starts once the old one is all gone.
     """
     directory = directory or records_dir()
     lines = []
@@ -106,7 +109,11 @@ def clean_leftovers(directory: Path | None = None) -> list[str]:
             continue
         if _alive(record["pid"], record["created"]):
             continue
+        tag, me = f"{record['pid']}:{record['created']}", {os.getpid()}
+        watchdogs = [p for p in tagged(tag, me) if _is_watchdog(p)]
+        psutil.wait_procs(watchdogs, timeout=2 * GRACE_S + 2 * POLL_S)  # its end(): SIGTERM, then SIGKILL after GRACE_S
         left = [p for pid, created, _ in record["children"] if (p := _alive(pid, created)) is not None]
+        left += [p for p in tagged(tag, me) if p not in left]
         if left:
             names = ", ".join(sorted({p.name() for p in left}))
             end(left)
@@ -114,6 +121,13 @@ def clean_leftovers(directory: Path | None = None) -> list[str]:
                          f"(pid {record['pid']}) that was killed")
         path.unlink(missing_ok=True)
     return lines
+
+
+def _is_watchdog(proc: psutil.Process) -> bool:
+    try:
+        return proc.cmdline()[1:3] == ["-m", "flows.processes"]
+    except psutil.Error:
+        return False
 
 
 def _die_with_parent() -> None:

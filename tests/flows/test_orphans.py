@@ -15,7 +15,7 @@ import psutil
 import pytest
 import yaml
 
-from flows.processes import clean_leftovers, descendants
+from flows.processes import TAG, clean_leftovers, descendants, tagged
 from tests.conftest import REPO
 from tests.support.waiting import wait_for
 
@@ -135,6 +135,33 @@ def test_a_process_orphaned_between_two_looks_is_ended_by_the_mark_it_inherited(
         os.kill(command.pid, signal.SIGKILL)
         command.wait(10)
         wait_for(lambda: not _still_running([orphan]), 30, "the orphan to be ended")
+    finally:
+        if orphan is not None and _still_running([orphan]):
+            orphan.kill()
+
+
+def test_the_next_start_waits_for_a_killed_commands_watchdog_and_ends_what_carries_its_mark(tmp_path):
+    """The chaos benchmark's orphan: a command's watchdog was still ending its processes (one that
+    ignores SIGTERM gets ``GRACE_S``) when the next command, started at once, printed its first
+    line. The next start now waits for that watchdog, then ends what carries the killed command's
+    mark: when ``clean_leftovers`` returns, nothing of the killed command runs."""
+    env = dict(os.environ, KEYNES_CACHE=str(tmp_path / "cache"))
+    env.pop(TAG, None)
+    stubborn = ORPHANING_COMMAND.replace("['sleep', '120']", """['sh', '-c', 'trap "" TERM; exec sleep 120']""")
+    assert stubborn != ORPHANING_COMMAND
+    command = subprocess.Popen([sys.executable, "-c", stubborn], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    orphan = None
+    try:
+        orphan = psutil.Process(int(command.stdout.readline()))
+        wait_for(lambda: orphan.ppid() != command.pid and orphan.name() == "sleep", 30, "the sleep to be orphaned")
+        tag = orphan.environ()[TAG]
+        watchdogs = [p for p in tagged(tag, set()) if "flows.processes" in p.cmdline()]
+        assert len(watchdogs) == 1
+        os.kill(command.pid, signal.SIGKILL)
+        command.wait(10)
+        clean_leftovers(tmp_path / "cache" / "runs")  # before: returned while the watchdog gave the sleep its GRACE_S
+        assert tagged(tag, set()) == [], "a process of the killed command still runs"
     finally:
         if orphan is not None and _still_running([orphan]):
             orphan.kill()

@@ -327,13 +327,25 @@ def run_until(attempt: Attempt, kinds: list[str], moment: float, rng: random.Ran
                 attempt.struck_at = attempt.elapsed()
                 if kind not in SURVIVABLE:
                     if attempt.wait(exit_timeout) is None:
-                        chaos.problems.append(f"run {chaos.attempts} did not exit within {exit_timeout:.0f} s of {kind}")
+                        chaos.problems.append(f"run {chaos.attempts} did not exit within {exit_timeout:.0f} s of {kind}"
+                                              + stacks(attempt.pid))
                         attempt.popen.kill()
                     attempt.popen.wait()
                 return kind
         time.sleep(0.1)
     attempt.popen.wait()
     return None
+
+
+def stacks(pid: int) -> str:
+    """The Python stacks of every thread of ``pid`` (py-spy, when it is installed), to say where
+    a run that does not end hangs; empty without py-spy."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f"; its threads:\n{dump.stdout[-8000:]}" if dump.returncode == 0 else ""
 
 
 def check_orphans(killed: Attempt, successor: Attempt, chaos: Chaos, wait_s: float = 120.0) -> None:

@@ -294,6 +294,8 @@ class LlamaCppEngine(EngineBase):
     def close(self) -> None:
         if self._sequences is not None:
             self._sequences.close()
+        if self._shared is not None:
+            self._shared.close()
         close = getattr(self.llm, "close", None)
         if close is not None:
             close()

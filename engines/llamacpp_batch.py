@@ -86,15 +86,18 @@ class Sequences:
     """A llama.cpp context of ``slots`` decoding streams plus one source stream, on a loaded
     ``llama_cpp.Llama``'s weights (the model is shared, not loaded again)."""
 
-    def __init__(self, llm: Any, slots: int = SLOTS, n_ctx: int = 2048, threads: int = 1):
+    def __init__(self, llm: Any, slots: int = SLOTS, n_ctx: int = 2048, threads: int = 1, flash_attention: bool = True):
         import llama_cpp
 
         self.llm, self.slots, self.n_ctx = llm, slots, n_ctx
         self.source = slots  # the stream prompts are evaluated in
         # The model's own context settings (SWA cache, KV types, RoPE…), with flash attention:
-        # a step of 32 streams costs 16 % less with it here (265 ms against 316 ms).
+        # a step of 32 streams costs 16 % less with it here (265 ms against 316 ms). Without it
+        # (``flash_attention=False``: the model's own setting), a step of 1–3 rows decodes each
+        # row bit for bit as the model's own context decodes it alone (engines.llamacpp_shared).
         params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        if flash_attention:
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         params.n_ctx = n_ctx * (slots + 1)
         rows = max(BLOCK, slots + 1)  # a prompt block, or a step (llama.cpp sizes outputs by streams)
         params.n_batch = params.n_ubatch = params.n_outputs_max = rows
@@ -145,8 +148,10 @@ class Sequences:
             return self._held_logits
         keep = resume_point(self._held, prompt, len(prompt))
         llama_cpp.llama_memory_seq_rm(self._memory, self.source, keep, -1)
-        for start, end in prompt_blocks(keep, len(prompt)):
-            self._decode([(t, q, self.source) for q, t in zip(range(start, end), prompt[start:end])])
+        blocks = list(prompt_blocks(keep, len(prompt)))
+        for k, (start, end) in enumerate(blocks):  # logits for the last block's last row only (the KV is the same)
+            self._decode([(t, q, self.source) for q, t in zip(range(start, end), prompt[start:end])],
+                         logits=[k == len(blocks) - 1 and q == end - 1 for q in range(start, end)])
         self._held, self._held_logits = list(prompt), self._row(-1).copy()
         return self._held_logits
 

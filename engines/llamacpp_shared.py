@@ -11,13 +11,14 @@ import ctypes
 import hashlib
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from engines import CompletionBatch, RequestBatch
-from engines.exact import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, walk
+from engines.exact import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, Node, NodeRequest, SharedAnswers, Walker, walk
 from engines.llamacpp_internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, eval_without_logits, last_logits, vocab
 from engines.models import cache_dir
 
@@ -147,6 +148,19 @@ def prompt_tokens(llm: Any, prompt: str, add_bos: bool = True) -> list[int]:
     return bos + tokens + eos
 
 
+@dataclass
+class _Walk:
+    """One prompt's walk in a stream: its Walker, the nodes of its level still to decode, their
+    logits so far, and the tokens to decode before the next node's logits."""
+
+    index: int
+    prompt: list[int]
+    walker: Walker
+    asks: list[Node]
+    computed: dict[int, np.ndarray] = field(default_factory=dict)
+    feed: list[int] = field(default_factory=list)
+
+
 class SharedContext:
     """Exact answer distributions on a loaded ``llama_cpp.Llama``.
 
@@ -185,13 +199,7 @@ class SharedContext:
         tree = self.tree(batch.constraint, batch.sampling.max_tokens)
 
         def compute(prompts: list[str]) -> list[tuple[Distribution, int] | Exception]:
-            out: list[tuple[Distribution, int] | Exception] = []
-            for prompt in prompts:  # sorted: each evaluates from the previous one's kept prefix
-                try:
-                    out.append(self.distribution(prompt, tree, chain, add_bos))
-                except Exception as exc:  # e.g. a prompt longer than the context: this group only
-                    out.append(exc)
-            return out
+            return self.distributions(prompts, tree, chain, add_bos)
 
         return self.answers.complete(batch, chain, compute)
 
@@ -199,20 +207,37 @@ class SharedContext:
         return prompt_tokens(self.llm, prompt, add_bos)
 
     def distribution(self, prompt: str, tree: AnswerTree, chain: Chain, add_bos: bool = True) -> tuple[Distribution, int]:
-        tokens = self.prompt_tokens(prompt, add_bos)
-        if len(tokens) + tree.max_tokens >= self.llm.n_ctx():
-            raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {self.llm.n_ctx()}")
+        """One prompt's exact distribution and its token count (raises what prevented it)."""
+        found = self.distributions([prompt], tree, chain, add_bos)[0]
+        if isinstance(found, Exception):
+            raise found
+        return found
 
+    def distributions(self, prompts: list[str], tree: AnswerTree, chain: Chain,
+                      add_bos: bool = True) -> list[tuple[Distribution, int] | Exception]:
+        """Each prompt's exact distribution and token count, or the exception that prevented it
+        (a prompt longer than the context: that prompt only). Sorted prompts evaluate from the
+        previous one's kept prefix."""
+        tokens = [self.prompt_tokens(p, add_bos) for p in prompts]
+        out: list[tuple[Distribution, int] | Exception] = [
+            ValueError(f"Requested tokens ({len(t)}) exceed context window of {self.llm.n_ctx()}") for t in tokens]
+        fits = [i for i, t in enumerate(tokens) if len(t) + tree.max_tokens < self.llm.n_ctx()]
         if self.streams > 1:
-            dist = walk([tree], [chain], self._in_streams(tokens))[0]
+            dists = self._walk_in_streams([tokens[i] for i in fits], tree, chain)
         else:
-            def evaluate(requests: list[NodeRequest]) -> list[np.ndarray]:
-                return [self.logits(tokens, r.path)[r.tokens] for r in requests]
+            dists = [self._walk_one(tokens[i], tree, chain) for i in fits]
+        for i, dist in sorted(zip(fits, dists), key=lambda pair: tokens[pair[0]]):
+            self.tokens_bound += max(1, len(tokens[i]) - common_prefix(self._last, tokens[i])) + dist.evaluated - 1
+            self._last = tokens[i]
+            out[i] = (dist, len(tokens[i]))
+        return out
 
-            dist = walk([tree], [chain], evaluate)[0]
-        self.tokens_bound += max(1, len(tokens) - common_prefix(self._last, tokens)) + dist.evaluated - 1
-        self._last = tokens
-        return dist, len(tokens)
+    def _walk_one(self, tokens: list[int], tree: AnswerTree, chain: Chain) -> Distribution:
+        """One prompt's walk in the model's own context, one node after another."""
+        def evaluate(requests: list[NodeRequest]) -> list[np.ndarray]:
+            return [self.logits(tokens, r.path)[r.tokens] for r in requests]
+
+        return walk([tree], [chain], evaluate)[0]
 
     def logits(self, prompt: list[int], path: tuple[int, ...]) -> np.ndarray:
         """The next-token logits after ``prompt + path`` (a copy of the full vocabulary row)."""
@@ -234,53 +259,78 @@ class SharedContext:
         row = last_logits(llm, self.n_vocab)
         return row.copy()
 
-    def _in_streams(self, prompt: list[int]) -> Callable[[list[NodeRequest]], list[np.ndarray]]:
-        """Evaluate ``prompt`` in the source stream; return ``walk``'s ``evaluate``, which decodes
-        a level's nodes ``streams`` at a time, one token per stream and step."""
+    def _walk_in_streams(self, prompts: list[list[int]], tree: AnswerTree, chain: Chain) -> list[Distribution]:
+        """The prompts' walks, ``streams`` at a time: each prompt is evaluated in the source
+        stream (sorted: from the previous one's kept prefix) and copied into a free stream,
+        where its tree is walked one node per step (a node's siblings reuse the prompt's KV);
+        every step decodes one row in each busy stream, so the streams' nodes share the cost
+        of reading the weights. A row's logits are the same whatever the other stream decodes
+        (``STREAMS``)."""
         import llama_cpp as lib
 
         if self._sequences is None:
             from engines.llamacpp_batch import Sequences
 
             self._sequences = Sequences(self.llm, self.streams, self.llm.n_ctx(), self.llm.context_params.n_threads, flash_attention=False)
-        seq = self._sequences
-        fresh = not (prompt == seq._held and seq._held_logits is not None)
-        self.tokens_evaluated += len(prompt) - resume_point(seq._held, prompt, len(prompt)) if fresh else 0
-        root = seq._evaluate(prompt)
-        memory = seq._memory
-
-        def evaluate(requests: list[NodeRequest]) -> list[np.ndarray]:
-            out: list[np.ndarray | None] = [root[r.tokens] if not r.path else None for r in requests]
-            todo = [i for i, r in enumerate(requests) if r.path]
-            for g in range(0, len(todo), self.streams):
-                feeds: dict[int, tuple[int, list[int]]] = {}
-                for slot, i in enumerate(todo[g : g + self.streams]):
-                    kv, target = self._slot_kv[slot], prompt + list(requests[i].path)
+        seq, memory = self._sequences, self._sequences._memory
+        out: list[Distribution | None] = [None] * len(prompts)
+        queue = sorted(range(len(prompts)), key=lambda i: prompts[i], reverse=True)  # pop() takes the smallest
+        live: list[_Walk | None] = [None] * self.streams
+        while queue or any(live):
+            for slot in range(self.streams):  # one new prompt a step: the source is copied at the next decode
+                if live[slot] is not None or not queue:
+                    continue
+                i = queue.pop()
+                held = seq._held if seq._held_logits is not None else []
+                self.tokens_evaluated += 0 if prompts[i] == held else len(prompts[i]) - resume_point(held, prompts[i], len(prompts[i]))
+                root = seq._evaluate(prompts[i])
+                walker = Walker(tree, chain)
+                if walker.asks and not walker.asks[0].path:  # the root's logits, from the source
+                    walker.give({id(n): root[[t for t, _ in n.children]] for n in walker.asks})
+                if walker.done:
+                    out[i] = walker.distribution()
+                    continue  # nothing copied: the source may change again
+                lib.llama_memory_seq_rm(memory, slot, 0, -1)
+                lib.llama_memory_seq_cp(memory, seq.source, slot, 0, -1)
+                self._slot_kv[slot] = list(prompts[i])
+                live[slot] = _Walk(i, prompts[i], walker, list(walker.asks))
+                break
+            rows, reads = [], []
+            for slot, w in enumerate(live):
+                if w is None:
+                    continue
+                kv = self._slot_kv[slot]
+                if not w.feed:  # aim at its next node: keep what the stream holds of its path
+                    target = w.prompt + list(w.asks[0].path)
                     keep = min(common_prefix(kv, target), len(target) - 1)
-                    if keep < len(prompt):  # the stream holds another prompt: copy this one's KV into it
-                        lib.llama_memory_seq_rm(memory, slot, 0, -1)
-                        lib.llama_memory_seq_cp(memory, seq.source, slot, 0, -1)  # made at the next decode
-                        kv[:], keep = prompt, len(prompt)
-                    elif keep < len(kv):
+                    if keep < len(kv):
                         lib.llama_memory_seq_rm(memory, slot, keep, -1)
                         del kv[keep:]
-                    feeds[slot] = (i, target[keep:])
-                while any(feed for _, feed in feeds.values()):
-                    rows, reads = [], []
-                    for slot, (i, feed) in feeds.items():
-                        if feed:
-                            token = feed.pop(0)
-                            rows.append((token, len(self._slot_kv[slot]), slot))
-                            self._slot_kv[slot].append(token)
-                            reads.append(i if not feed else -1)
-                    seq._decode(rows, logits=[i >= 0 for i in reads])
-                    self.tokens_evaluated += len(rows)
-                    for k, i in enumerate(reads):
-                        if i >= 0:
-                            out[i] = seq._row(k)[requests[i].tokens].copy()
-            return out  # type: ignore[return-value]
-
-        return evaluate
+                    w.feed = target[keep:]
+                token = w.feed.pop(0)
+                rows.append((token, len(kv), slot))
+                kv.append(token)
+                reads.append(slot if not w.feed else -1)
+            if not rows:
+                continue
+            seq._decode(rows, logits=[slot >= 0 for slot in reads])
+            self.tokens_evaluated += len(rows)
+            for k, slot in enumerate(reads):
+                if slot < 0:
+                    continue
+                w = live[slot]
+                assert w is not None
+                node = w.asks.pop(0)
+                w.computed[id(node)] = seq._row(k)[[t for t, _ in node.children]].copy()
+                if not w.asks:
+                    w.walker.give(w.computed)
+                    w.computed = {}
+                    if w.walker.done:
+                        out[w.index] = w.walker.distribution()
+                        live[slot] = None
+                    else:
+                        w.asks = list(w.walker.asks)
+        return out  # type: ignore[return-value]
 
     def close(self) -> None:
         """Free the streams' context (the model stays loaded)."""

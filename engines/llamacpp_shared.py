@@ -1,8 +1,10 @@
 """The llama.cpp side of shared-context answers: tree-node logits from the prompt's KV state.
 
-One sequence lives in llama.cpp's KV cache; each node of a prompt's answer tree is evaluated
-from the longest prefix kept there (the prompt, then one token per tree edge), so a distinct
-prompt costs its tokens plus a few single-token decodes, and sorted prompts share prefixes.
+Each node of a prompt's answer tree is evaluated from the longest prefix kept in a KV stream
+(the prompt, then one token per tree edge), so a distinct prompt costs its tokens plus a few
+single-token decodes, and sorted prompts share prefixes. Two prompts' trees are walked side by
+side in streams of their own (``STREAMS``), a node of each per decode, with the logits the
+model's own context gives each node alone.
 """
 
 from __future__ import annotations

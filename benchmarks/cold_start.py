@@ -1,10 +1,10 @@
 """Cold start: how long a fresh `keynes run` takes to its first decisions, Gemma beside the simulated engine.
 
-Usage: uv run python benchmarks/cold_start.py [--agents 20000] [--repeat 1] [--prefect-home DIR] [--source DIR]
+Usage: uv run python benchmarks/cold_start.py [--agents 20000] [--shard-size 1000] [--repeat 1] [--prefect-home DIR] [--source DIR]
 
 Each run is the installed `keynes run` (a subprocess, as a user types it) on a new warehouse:
 N agents of populations/education.yaml, round 1, one arm (the basic prompt), 2 actors, shards of
-1,000, no report; with no PREFECT_API_URL and no RAY_ADDRESS, so that it starts Prefect's temporary
+1,000 (``--shard-size``), no report; with no PREFECT_API_URL and no RAY_ADDRESS, so that it starts Prefect's temporary
 API and a local Ray of its own, as a user's run does. The engines take turns, (a) Gemma 3 270M on
 llama.cpp (shared context, the default) and (b) the simulated engine with latency 0, and each run
 prints its timeline in seconds after the command started: its header line on stderr (read as it
@@ -51,7 +51,7 @@ HEADER = re.compile(r"\): [\d,]+ agents × ")
 TIMING = re.compile(rf"{TIMING_PREFIX} (\d+\.\d+) (\d+) (.+)$")
 
 
-def write_config(path: Path, engine: str, agents: int) -> None:
+def write_config(path: Path, engine: str, agents: int, shard_size: int = 1000) -> None:
     """The experiment of one run, as YAML."""
     config = {
         "name": f"cold-start-{engine}",
@@ -59,7 +59,7 @@ def write_config(path: Path, engine: str, agents: int) -> None:
         "population": {"spec": "education.yaml", "size": agents},
         "game": {"ratio": "2/3", "rounds": 1},
         "arms": {"engines": [ENGINES[engine]], "prompts": ["basic"]},
-        "workers": {"actors": 2, "shard_size": 1000},
+        "workers": {"actors": 2, "shard_size": shard_size},
         "report": {"enabled": False},
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -81,11 +81,12 @@ def _read(stream, lines: list[tuple[float, str]]) -> None:
         lines.append((time.time(), line.rstrip("\n")))
 
 
-def run_once(engine: str, agents: int, folder: Path, prefect_home: Path, source: Path | None) -> tuple[dict[str, float], list[tuple[float, str]]]:
+def run_once(engine: str, agents: int, folder: Path, prefect_home: Path, source: Path | None,
+             shard_size: int = 1000) -> tuple[dict[str, float], list[tuple[float, str]]]:
     """One cold ``keynes run`` (of the checkout ``source``, if given): its timeline (seconds after
     the command started) and its phases."""
     config, db = folder / f"{engine}.yaml", folder / f"{engine}.duckdb"
-    write_config(config, engine, agents)
+    write_config(config, engine, agents, shard_size)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
     # RAY_DEDUP_LOGS=0: Ray would fold the actors' timing lines, alike but for their numbers, into one.
     env.update(PREFECT_HOME=str(prefect_home), RAY_DEDUP_LOGS="0", **{TIMINGS_ENV: "1"})
@@ -154,6 +155,7 @@ def print_phases(engine: str, phases: list[tuple[float, str]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=20_000, help="Agents (population size) of each run.")
+    parser.add_argument("--shard-size", type=int, default=1000, help="Agents per shard (a million agents: 50,000, as keynes' scale runs use).")
     parser.add_argument("--repeat", type=int, default=1, help="Runs per engine, the engines taking turns; each run's figures are printed, then the best.")
     parser.add_argument("--prefect-home", type=Path, help="A PREFECT_HOME with a migrated database (default: one made first, untimed).")
     parser.add_argument("--source", type=Path, help="Run the keynes of this source checkout (e.g. an earlier commit's `git worktree`) "
@@ -174,7 +176,7 @@ def main() -> None:
             for engine in ENGINES:
                 folder = Path(tmp) / f"{engine}-{repeat}"
                 folder.mkdir()
-                timelines[engine], phases[engine] = run_once(engine, args.agents, folder, home, args.source)
+                timelines[engine], phases[engine] = run_once(engine, args.agents, folder, home, args.source, args.shard_size)
             runs.append(timelines)
             print_timelines(f"run {repeat} of {args.repeat} (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores):", timelines)
             for engine in ENGINES:

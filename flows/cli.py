@@ -18,7 +18,7 @@ STARTUP_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -78,6 +78,22 @@ class _RichBar:
         self.progress.update(self.task_id, completed=self.progress.tasks[self.task_id].total)
 
 
+def call_flow(flow: Any, *args: Any, attempts: int = 3) -> Any:
+    """``flow(*args)``, begun again when Prefect's one-shot check at a flow's start found no API
+    because the temporary API was being started again (``kept_alive``: it died a moment before).
+    Nothing has run then; a run begun again resumes in any case."""
+    from flows.temporary_api import UNREACHED, answering
+
+    for attempt in range(attempts):
+        try:
+            return flow(*args)
+        except RuntimeError as exc:
+            if UNREACHED not in str(exc) or attempt == attempts - 1 or not answering(float(os.environ.get(STARTUP_TIMEOUT, 120))):
+                raise
+            console.print("Prefect's temporary API answers again; starting the flow again", highlight=False)
+    raise AssertionError("unreachable")
+
+
 @app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="The experiment config (YAML).")],
@@ -133,7 +149,7 @@ def run(
             with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:
                 with progress_hooks.reporting(RichReporter(bar)):
                     mark("cli: flow called")
-                    summary = experiment(str(config), overrides)
+                    summary = call_flow(experiment, str(config), overrides)
                     mark("cli: flow returned")
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))

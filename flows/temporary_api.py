@@ -16,6 +16,7 @@ starts Ray and its actors meanwhile (the two took ~8 s each here, one after the 
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -93,3 +94,24 @@ def start_in_background() -> Callable[[], None]:
             raise failed[0]
 
     return wait
+
+
+#: How Prefect says that its client found no API at a flow's start (its one-shot version check).
+UNREACHED = "Failed to reach API"
+
+
+def answering(timeout_s: float) -> bool:
+    """Wait until this process's temporary API answers again (``kept_alive`` starts it again when
+    it dies); False at once when this process runs none, or if it does not answer in time."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    if server.server_process is None:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        process = server.server_process
+        if server.running and process is not None and process.poll() is None:
+            return True
+        time.sleep(0.1)
+    return False

@@ -112,3 +112,36 @@ def test_ctrl_c_ends_a_run_with_its_own_temporary_api_within_seconds(tmp_path, p
     assert after_s < 60, f"{after_s:.0f} s to end after Ctrl-C"  # before: over a minute of refused connections
     assert stored(tmp_path / "api.duckdb", "select status from experiments") == [("interrupted",)]
     print(f"ended {after_s:.1f} s after Ctrl-C")
+
+
+@pytest.mark.slow
+def test_a_temporary_api_killed_as_soon_as_it_answers_before_the_flow_begins_is_waited_for(tmp_path, prefect_home):
+    """The Gemma chaos run's one failure: the API was killed after it first answered, while Ray
+    and the actors still started; the flow then began while keynes started the API again, and
+    Prefect's one-shot version check at a flow's start ("Failed to reach API") ended the run with
+    exit 1. The flow now waits for the API that is starting again."""
+    config, db = tmp_path / "api.yaml", tmp_path / "early.duckdb"
+    config.write_text(yaml.safe_dump(CONFIG))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
+    env.update(PREFECT_HOME=str(prefect_home), KEYNES_TIMINGS="1", KEYNES_CACHE=str(tmp_path / "cache"))
+    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    struck = False
+    try:
+        for line in run.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if not struck and line.rstrip().endswith(" api: answering"):
+                server = _found(psutil.Process(run.pid), SERVER)
+                assert server is not None, "".join(lines)
+                server.send_signal(signal.SIGKILL)
+                struck = True
+        run.wait(150)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    out = "".join(lines)
+    assert struck, out[-3000:]
+    assert run.returncode == 0, out[-3000:]
+    assert "ended (signal 9); starting it again" in out, out[-3000:]
+    assert stored(db, "select status from experiments") == [("completed",)]

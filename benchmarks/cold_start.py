@@ -166,7 +166,7 @@ def main() -> None:
     if args.source is not None and not (args.source / "flows" / "cli.py").is_file():
         parser.error(f"--source: {str(args.source)!r} is not a keynes checkout (no flows/cli.py)")
     keynes = f"python -m flows.cli from {args.source}" if args.source else " ".join(keynes_command())
-    print(f"cold start: keynes run, {args.agents:,} agents of education.yaml, round 1, basic prompt, 2 actors, shards of 1,000, "
+    print(f"cold start: keynes run, {args.agents:,} agents of education.yaml, round 1, basic prompt, 2 actors, shards of {args.shard_size:,}, "
           f"no report; {keynes}")
     with tempfile.TemporaryDirectory(prefix="keynes-cold-start-") as tmp:
         home = args.prefect_home or migrated_home(Path(tmp) / "prefect")

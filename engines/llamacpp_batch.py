@@ -28,8 +28,8 @@ import numpy as np
 
 from engines import Completion, CompletionBatch, Constraint, Sampling
 from engines.exact import AnswerTree, Chain, Distribution, Node, Walker, context_hash
+from engines.llamacpp_blocks import BLOCK, common_prefix, prompt_blocks, resume_point
 from engines.llamacpp_internals import close_context, completion_sampler, context_handle, context_memory, new_context, sampler_handle, vocab
-from engines.llamacpp_shared import BLOCK, common_prefix, prompt_blocks, resume_point
 
 #: Slots of the default engine. Measured on Gemma 3 270M, 2 threads, without flash attention
 #: (a step decodes one token per slot and computes each slot's 262k logits): 12 ms a token at

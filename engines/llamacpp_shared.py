@@ -15,12 +15,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from engines import CompletionBatch, RequestBatch
 from engines.exact import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, Node, NodeRequest, SharedAnswers, Walker, walk
+from engines.llamacpp_batch import Sequences
+from engines.llamacpp_blocks import common_prefix, prompt_blocks, resume_point
 from engines.llamacpp_internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, eval_without_logits, last_logits, vocab
 from engines.models import cache_dir
 
@@ -29,42 +31,6 @@ from engines.models import cache_dir
 #: streams (without flash attention) are bit for bit the rows the model's own context decodes one
 #: at a time, while 4 or more are not (llama.cpp's repacked Q4_K kernels take over), so two.
 STREAMS = 2
-
-#: Prompt tokens are evaluated in blocks at fixed positions (0, BLOCK, 2·BLOCK, …), whatever
-#: prefix is already cached: every decode, and so every logit, is then a function of the prompt
-#: alone — not of which prompts a shard held before it — and draws reproduce across shardings.
-BLOCK = 32
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def resume_point(held: Sequence[int], seq: Sequence[int], prompt_length: int) -> int:
-    """How many of ``seq``'s tokens to keep from the ``held`` KV before evaluating the rest:
-    their common prefix less ``seq``'s last token (its logits are needed), and, inside the
-    prompt (its first ``prompt_length`` tokens), back to a block boundary, so that the prompt's
-    decodes are always the same."""
-    keep = min(common_prefix(held, seq), len(seq) - 1)
-    if keep < prompt_length:
-        keep -= keep % BLOCK
-    return keep
-
-
-def prompt_blocks(start: int, end: int) -> Iterator[tuple[int, int]]:
-    """The (from, to) ranges that evaluate prompt positions ``start``…``end`` in fixed blocks
-    (``start`` on a block boundary or past the prompt's last full block)."""
-    while start < end:
-        stop = min(end, (start // BLOCK + 1) * BLOCK)
-        yield start, stop
-        start = stop
-
 
 _VOCABS: dict[str, AnswerVocab] = {}
 #: What a vocabulary cache file holds (``vocab_cache_path``); a new layout gets a new number.
@@ -271,8 +237,6 @@ class SharedContext:
         import llama_cpp as lib
 
         if self._sequences is None:
-            from engines.llamacpp_batch import Sequences
-
             self._sequences = Sequences(self.llm, self.streams, self.llm.n_ctx(), self.llm.context_params.n_threads, flash_attention=False)
         seq, memory = self._sequences, self._sequences._memory
         out: list[Distribution | None] = [None] * len(prompts)

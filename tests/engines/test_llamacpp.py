@@ -167,7 +167,7 @@ def test_shared_answers_count_the_tokens_they_evaluate_against_the_trie_bound(gg
     """The work counters of the shared path (stored per shard): a prompt never seen costs at
     least all its tokens; a later prompt costs at least its edges past the prefix it shares
     with the previous one; every answer-tree node after the root costs at least one token."""
-    from engines.llamacpp_shared import common_prefix
+    from engines.llamacpp_blocks import common_prefix
 
     engine = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1}))
     try:

@@ -64,7 +64,7 @@ def test_free_text_starts_and_ends_as_create_completion_does(engine):
     0.9 and texts part from the first token on."""
     from llama_cpp import Llama
 
-    from engines.llamacpp_shared import BLOCK
+    from engines.llamacpp_blocks import BLOCK
 
     free = batches(list(range(N)), reasoning_tokens=24)[0]
     out = engine.generate(free)

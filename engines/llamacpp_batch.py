@@ -111,6 +111,7 @@ class Sequences:
         self._cells = np.zeros(self.n_vocab, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
         self._held: list[int] = []  # the source stream's tokens
         self._held_logits: np.ndarray | None = None
+        self.decoded = 0  # rows decoded so far (prompt blocks and steps)
 
     def generate(self, prompts: Sequence[list[int]], seeds: Sequence[int], sampling: Sampling, stop: Sequence[str],
                  then: Then | None = None) -> Outcome:
@@ -168,6 +169,26 @@ class Sequences:
         code = llama_cpp.llama_decode(self._handle, b)
         if code != 0:
             raise RuntimeError(f"llama_decode returned {code}")
+        self.decoded += len(rows)
+
+    def take(self, slot: int) -> None:
+        """Give stream ``slot`` the source stream's KV (llama.cpp copies it at the next decode:
+        the source must not change before then)."""
+        import llama_cpp
+
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
+        llama_cpp.llama_memory_seq_cp(self._memory, self.source, slot, 0, -1)
+
+    def aim(self, slot: int, kv: list[int], target: list[int]) -> list[int]:
+        """Make stream ``slot``, which holds ``kv`` (trimmed in place), hold ``target`` but its
+        last token: the tokens still to decode there, one a step."""
+        import llama_cpp
+
+        keep = min(common_prefix(kv, target), len(target) - 1)
+        if keep < len(kv):
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, keep, -1)
+            del kv[keep:]
+        return target[keep:]
 
     def _row(self, i: int) -> np.ndarray:
         import llama_cpp
@@ -234,7 +255,7 @@ class _Run:
     def admit(self) -> None:
         """Give every free slot the next agent: its prompt's KV (from the source stream) and its
         sampler, and its first token drawn."""
-        seq, lib = self.seq, self.lib
+        seq = self.seq
         copied = False  # a copy between streams is made at the next decode, not at once
         for slot in range(seq.slots):
             while self.live[slot] is None and self.queue:
@@ -244,8 +265,7 @@ class _Run:
                 copied = True
                 agent.start = time.perf_counter()
                 logits = seq._evaluate(agent.prompt)
-                lib.llama_memory_seq_rm(self.mem, slot, 0, -1)
-                lib.llama_memory_seq_cp(self.mem, seq.source, slot, 0, -1)
+                seq.take(slot)
                 agent.kv = list(agent.prompt)
                 s = self.sampling
                 agent.sampler = completion_sampler(  # create_completion's chain, seeded as it seeds
@@ -278,11 +298,7 @@ class _Run:
 
     def aim(self, slot: int, agent: _Agent, target: list[int]) -> None:
         """Make the slot hold ``target`` but its last token, which the next step decodes."""
-        keep = min(common_prefix(agent.kv, target), len(target) - 1)
-        if keep < len(agent.kv):
-            self.lib.llama_memory_seq_rm(self.mem, slot, keep, -1)
-            del agent.kv[keep:]
-        agent.feed = target[keep:]
+        agent.feed = self.seq.aim(slot, agent.kv, target)
 
     def ask(self, slot: int, agent: _Agent) -> None:
         """Evaluate the walk's next node in this slot, or end the answer."""

@@ -137,13 +137,13 @@ class SharedContext:
     attention settings) and its tree's nodes are decoded ``streams`` at a time, each in a stream
     of its own that holds the prompt (copied) and the node's path; with ``streams=1``, in the
     model's own context, one node after another. Both give the same logits bit for bit
-    (``STREAMS``; tests/engines/test_exact.py compares them).
+    (``STREAMS``; tests/engines/test_shared_streams.py compares them).
     """
 
     def __init__(self, llm: Any, streams: int = STREAMS):
         self.llm = llm
         self.streams = streams
-        self._sequences: Any = None  # the streams' context, made at the first prompt
+        self._sequences: Sequences | None = None  # the streams' context, made at the first prompt
         self._slot_kv: list[list[int]] = [[] for _ in range(streams)]
         self.vocab = answer_vocab(llm)
         self.n_vocab = llm.n_vocab()
@@ -234,11 +234,10 @@ class SharedContext:
         every step decodes one row in each busy stream, so the streams' nodes share the cost
         of reading the weights. A row's logits are the same whatever the other stream decodes
         (``STREAMS``)."""
-        import llama_cpp as lib
-
         if self._sequences is None:
             self._sequences = Sequences(self.llm, self.streams, self.llm.n_ctx(), self.llm.context_params.n_threads, flash_attention=False)
-        seq, memory = self._sequences, self._sequences._memory
+        seq = self._sequences
+        decoded = seq.decoded
         out: list[Distribution | None] = [None] * len(prompts)
         queue = sorted(range(len(prompts)), key=lambda i: prompts[i], reverse=True)  # pop() takes the smallest
         live: list[_Walk | None] = [None] * self.streams
@@ -247,8 +246,6 @@ class SharedContext:
                 if live[slot] is not None or not queue:
                     continue
                 i = queue.pop()
-                held = seq._held if seq._held_logits is not None else []
-                self.tokens_evaluated += 0 if prompts[i] == held else len(prompts[i]) - resume_point(held, prompts[i], len(prompts[i]))
                 root = seq._evaluate(prompts[i])
                 walker = Walker(tree, chain)
                 if walker.asks and not walker.asks[0].path:  # the root's logits, from the source
@@ -256,8 +253,7 @@ class SharedContext:
                 if walker.done:
                     out[i] = walker.distribution()
                     continue  # nothing copied: the source may change again
-                lib.llama_memory_seq_rm(memory, slot, 0, -1)
-                lib.llama_memory_seq_cp(memory, seq.source, slot, 0, -1)
+                seq.take(slot)
                 self._slot_kv[slot] = list(prompts[i])
                 live[slot] = _Walk(i, prompts[i], walker, list(walker.asks))
                 break
@@ -267,12 +263,7 @@ class SharedContext:
                     continue
                 kv = self._slot_kv[slot]
                 if not w.feed:  # aim at its next node: keep what the stream holds of its path
-                    target = w.prompt + list(w.asks[0].path)
-                    keep = min(common_prefix(kv, target), len(target) - 1)
-                    if keep < len(kv):
-                        lib.llama_memory_seq_rm(memory, slot, keep, -1)
-                        del kv[keep:]
-                    w.feed = target[keep:]
+                    w.feed = seq.aim(slot, kv, w.prompt + list(w.asks[0].path))
                 token = w.feed.pop(0)
                 rows.append((token, len(kv), slot))
                 kv.append(token)
@@ -280,7 +271,6 @@ class SharedContext:
             if not rows:
                 continue
             seq._decode(rows, logits=[slot >= 0 for slot in reads])
-            self.tokens_evaluated += len(rows)
             for k, slot in enumerate(reads):
                 if slot < 0:
                     continue
@@ -296,6 +286,7 @@ class SharedContext:
                         live[slot] = None
                     else:
                         w.asks = list(w.walker.asks)
+        self.tokens_evaluated += seq.decoded - decoded
         return out  # type: ignore[return-value]
 
     def close(self) -> None:

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from flows.cli import app
+from tests.support.cli import invoke
 
 GOOD = {
     "name": "bad-input",
@@ -29,8 +28,7 @@ GOOD = {
 
 
 def run_keynes(config: Path, db: Path, *extra: str):
-    result = CliRunner().invoke(app, ["run", str(config), "--db", str(db), *extra])
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    result, lines = invoke("run", str(config), "--db", str(db), *extra)
     return result.exit_code, lines
 
 

@@ -18,11 +18,10 @@ import pytest
 import yaml
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
-from flows.cli import app
 from tests.reliability.fuzz import TEXT
 from tests.reliability.test_fuzz_config import OVERRIDE_KEYS, OVERRIDE_VALUES, valid_configs, yaml_texts
+from tests.support.cli import invoke
 from tests.warehouse.conftest import EXPERIMENT, fill
 
 
@@ -33,9 +32,9 @@ def digest(path: Path) -> str:
 def keynes(*args: str) -> tuple[int, list[str], str]:
     """Run a command in this process: (exit code, stderr's non-empty lines, stdout). A
     traceback (any exception but the exit) fails the test."""
-    result = CliRunner().invoke(app, list(args))
+    result, lines = invoke(*args)
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result.exit_code, [line for line in result.stderr.splitlines() if line.strip()], result.stdout
+    return result.exit_code, lines, result.stdout
 
 
 def refused(code: int, lines: list[str]) -> str:

@@ -74,12 +74,27 @@ def render(path: str, shared: dict[str, Any], agents: pl.DataFrame) -> list[str]
         agents: one row per agent; columns named after ``AGENT_VARIABLES`` (``persona``
             is a struct column) are passed to the template when it uses them.
     """
+    keyed, keys, texts = _render_keyed(path, shared, agents)
+    if keyed is None:
+        return texts * agents.height
+    lookup = pl.DataFrame({"_key": keys, "_text": texts})
+    return keyed.select("_key").join(lookup, on="_key", how="left", maintain_order="left")["_text"].to_list()
+
+
+def render_distinct(path: str, shared: dict[str, Any], agents: pl.DataFrame) -> list[str]:
+    """The distinct prompts ``render`` gives these agents, in the order they first appear (each
+    rendered once, without a list of one prompt per agent)."""
+    return list(dict.fromkeys(_render_keyed(path, shared, agents)[2]))
+
+
+def _render_keyed(path: str, shared: dict[str, Any], agents: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.Series | None, list[str]]:
+    """The agents' template variables keyed by a hash of them (None if the template uses none),
+    the distinct keys, and the text of each."""
     template, used = _template(path)
     columns = [c for c in AGENT_VARIABLES if c in used and c in agents.columns]
     if not columns:
-        return [template.render(**shared)] * agents.height
+        return None, None, [template.render(**shared)]
     keyed = agents.select(columns).with_columns(_key=pl.struct(columns).hash(seed=0))
     distinct = keyed.unique(subset="_key", maintain_order=True)
     texts = [template.render(**shared, **row) for row in distinct.select(columns).iter_rows(named=True)]
-    lookup = pl.DataFrame({"_key": distinct["_key"], "_text": texts})
-    return keyed.select("_key").join(lookup, on="_key", how="left", maintain_order="left")["_text"].to_list()
+    return keyed, distinct["_key"], texts

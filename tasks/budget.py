@@ -11,7 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from prompts.context import agent_variables, round_variables, shown_own_guesses
-from prompts.render import render
+from prompts.render import render_distinct
 from tasks.arms import Arm
 
 #: Distinct prompts counted per arm: the longest by characters (a million personas may
@@ -33,7 +33,7 @@ def longest_prompts(arm: Arm, personas: pl.DataFrame) -> list[str]:
     agents = personas
     if last > 1:
         agents = shown_own_guesses(agents.with_columns(own_guesses=pl.lit([float(rule.high)] * (last - 1), dtype=pl.List(pl.Float64))), rule.history)
-    distinct = set(render(arm.mode.template, shared, agent_variables(agents)))
+    distinct = render_distinct(arm.mode.template, shared, agent_variables(agents))
     return sorted(distinct, key=len, reverse=True)[:LONGEST]
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from core.game import GameRule
+    from engines.board import Board
 
 
 # --------------------------------------------------------------------------- requests
@@ -190,8 +191,10 @@ class Engine(Protocol):
     for rate limits so far (0 for engines without). ``tokens_evaluated`` and ``tokens_bound``:
     an engine that counts the work of its shared-context answers says how many tokens it has
     evaluated so far, and the least any evaluation could (None: not counted).
-    ``reason_and_answer`` runs a chain of thought's two phases. ``EngineBase`` gives the
-    defaults of these.
+    ``reason_and_answer`` runs a chain of thought's two phases. ``share_answers``: the engine is
+    one of a pool's ``peers`` (this one ``owner``); an engine with shared-context answers computes
+    each distinct prompt's distribution once for the pool through ``board`` (``engines.board``).
+    ``EngineBase`` gives the defaults of these.
     """
 
     kind: str
@@ -208,6 +211,10 @@ class Engine(Protocol):
 
     def reason_and_answer(self, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
         """Chain of thought: free text per agent (``free``), then its constrained ``answer``."""
+        ...
+
+    def share_answers(self, board: Board, owner: int, peers: int) -> None:
+        """Compute shared-context distributions once per pool: claim and publish them on ``board``."""
         ...
 
     def close(self) -> None:
@@ -248,6 +255,9 @@ class EngineBase:
     def reason_and_answer(self, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
         return two_phases(self, free, answer, cue)  # type: ignore[arg-type]
 
+    def share_answers(self, board: Board, owner: int, peers: int) -> None:
+        """Engines that compute every prompt themselves ignore a pool's board."""
+
 
 class EngineSpec(BaseModel):
     """Base of every engine's config model. Subclasses set ``kind`` as a Literal."""
@@ -257,6 +267,13 @@ class EngineSpec(BaseModel):
     kind: str = Field(description="Which engine: llamacpp, openai, simulated or vllm.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for each Ray actor that owns this engine.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs reserved for each Ray actor that owns this engine.")
+
+    @property
+    def keeps_distributions(self) -> bool:
+        """Whether the engine answers constrained batches from each distinct prompt's exact
+        distribution and keeps it for later batches (shared-context answers): then a batch of a
+        round's distinct prompts, answered ahead of its shards, makes them cheap and changes none."""
+        return bool(getattr(self, "shared_context", False))
 
     @property
     def model_name(self) -> str:

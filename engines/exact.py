@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from core.seeds import splitmix64, uniform01
+from engines.board import Board, Claims
 
 if TYPE_CHECKING:
     from engines import CompletionBatch, Constraint, RequestBatch, Sampling
@@ -401,7 +402,9 @@ def context_hash(prompt: str, chain: Chain, low: float, high: float, integer: bo
 
 
 #: ``compute(prompts) -> [(distribution, prompt tokens) or the exception that prevented it]``.
-Compute = Callable[[list[str]], list["tuple[Distribution, int] | Exception"]]
+#: An engine's distributions of a batch's prompts: each (distribution, prompt tokens), or what
+#: prevented it; with ``Claims`` (a pool's board), None for a prompt another engine claimed.
+Compute = Callable[[list[str], "Claims | None"], list["tuple[Distribution, int] | Exception | None"]]
 
 
 class SharedAnswers:
@@ -410,11 +413,26 @@ class SharedAnswers:
     Agents are grouped by prompt (the batch shares sampling and constraint); each group's
     distribution is computed once (and kept, ``cache_size`` of them, for later shards: it
     is a function of the prompt alone) and every agent draws its answer with its own seed.
+    With a ``board`` (``engines.board``: the engine is one of a pool's), each distribution is
+    computed by one engine of the pool: this one claims prompts as it goes and reads the rest.
     """
 
     def __init__(self, cache_size: int = 4096):
         self.cache_size = cache_size
         self._cache: dict[str, tuple[Distribution, int]] = {}
+        self.board: Board | None = None
+        self.owner = 0  # this engine's rank in its pool
+        self.start = 0.0  # where in a batch's sorted prompts it begins claiming (rank / pool size)
+        self.computed = 0  # distributions this engine computed (not read from its cache or its pool)
+
+    def share(self, board: Board, owner: int, peers: int) -> None:
+        """Share distributions with a pool of ``peers`` engines through ``board``; this is ``owner``."""
+        self.board, self.owner, self.start = board, owner, owner / max(peers, 1)
+
+    def _keep(self, key: str, found: tuple[Distribution, int]) -> None:
+        if len(self._cache) >= self.cache_size:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = found
 
     def complete(self, batch: "RequestBatch", chain: Chain, compute: Compute) -> "CompletionBatch":
         import time
@@ -434,13 +452,25 @@ class SharedAnswers:
         todo = [i for i, k in enumerate(keys) if k not in self._cache]
         start = time.perf_counter()
         failed: dict[str, str] = {}
-        for i, result in zip(todo, compute([prompts[i] for i in todo]) if todo else []):
+        asked = [prompts[i] for i in todo]
+        claims = Claims(self.board, self.owner, [keys[i] for i in todo], self.start) if self.board is not None and todo else None
+        results = compute(asked, claims) if todo else []
+        if claims is not None:  # the prompts other engines of the pool claimed, as they publish them
+            theirs = claims.others()
+            results = [theirs.get(j, result) if result is None else result for j, result in enumerate(results)]
+            # A claim not published in time (its engine died): computed here.
+            missing = [j for j, result in enumerate(results) if result is None]
+            for j, result in zip(missing, compute([asked[j] for j in missing], None) if missing else []):
+                results[j] = result
+            here = claims.mine | set(missing)
+        else:
+            here = set(range(len(todo)))
+        self.computed += sum(isinstance(results[j], tuple) for j in here)
+        for i, result in zip(todo, results):
             if isinstance(result, Exception):
                 failed[keys[i]] = f"{type(result).__name__}: {result}".splitlines()[0][:500]
-                continue
-            if len(self._cache) >= self.cache_size:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[keys[i]] = result
+            elif result is not None:
+                self._keep(keys[i], result)
         seconds = time.perf_counter() - start
         text = np.empty(n, object)
         prompt_tokens = np.zeros(n, np.int64)

@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, Sampling, register, two_phases
+from engines.board import Board
 from engines.exact import Chain, shares
 from engines.llamacpp_batch import SLOTS, Sequences, Then
 from engines.llamacpp_internals import quiet, silenced, token_text
@@ -161,6 +162,7 @@ class LlamaCppEngine(EngineBase):
         self._grammars: dict[Constraint, object] = {}
         self._shared: SharedContext | None = None
         self._sequences: Sequences | None = None
+        self._board: tuple[Board, int, int] | None = None  # a pool's board (share_answers)
 
     @property
     def tokens_evaluated(self) -> int | None:  # type: ignore[override]
@@ -171,6 +173,20 @@ class LlamaCppEngine(EngineBase):
     def tokens_bound(self) -> int | None:  # type: ignore[override]
         """The least those answers could have decoded (``SharedContext.tokens_bound``)."""
         return None if not self.spec.shared_context else self._shared.tokens_bound if self._shared else 0
+
+    def share_answers(self, board: Board, owner: int, peers: int) -> None:
+        """Compute each shared-context distribution once for the pool (``engines.board``)."""
+        self._board = (board, owner, peers)
+        if self._shared is not None:
+            self._shared.answers.share(*self._board)
+
+    def _shared_context(self) -> SharedContext:
+        """The shared-context answers, made on first use."""
+        if self._shared is None:
+            self._shared = SharedContext(self.llm)
+            if self._board is not None:
+                self._shared.answers.share(*self._board)
+        return self._shared
 
     def generate(self, batch: RequestBatch) -> CompletionBatch:
         """Complete every request; constrained ones return only the number's text.
@@ -186,10 +202,8 @@ class LlamaCppEngine(EngineBase):
             texts = self.chat_template.render_all(batch.prompt, batch.opening)  # type: ignore[union-attr]
             batch = replace(batch, prompt=texts)
         if self.spec.shared_context and shares(batch.constraint) and len(batch):
-            if self._shared is None:
-                self._shared = SharedContext(self.llm)
             # A chat-rendered prompt writes its own BOS (as _tokens below): none is added.
-            return self._shared.generate(batch, self.chain(batch.sampling), add_bos=not chat)
+            return self._shared_context().generate(batch, self.chain(batch.sampling), add_bos=not chat)
         if self._batched and batch.constraint is None and len(batch):
             tokens = [prompt_tokens(self.llm, p, add_bos=not chat) for p in batch.prompt]
             return CompletionBatch.from_rows(self._streams().generate(tokens, batch.seed, batch.sampling, self.spec.stop).free)
@@ -212,10 +226,8 @@ class LlamaCppEngine(EngineBase):
                 prompt = answer.prompt[i] + text + cue
             return prompt, prompt_tokens(self.llm, prompt, add_bos=not chat)
 
-        if self._shared is None:
-            self._shared = SharedContext(self.llm)
         assert answer.constraint is not None
-        tree = self._shared.tree(answer.constraint, answer.sampling.max_tokens)
+        tree = self._shared_context().tree(answer.constraint, answer.sampling.max_tokens)
         then = Then(answer_prompt, tree, self.chain(answer.sampling), answer.constraint)
         out = self._streams().generate(tokens, free.seed, free.sampling, self.spec.stop, then)
         return CompletionBatch.from_rows(out.free), out.answers  # type: ignore[return-value]

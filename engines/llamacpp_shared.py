@@ -15,11 +15,12 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from engines import CompletionBatch, RequestBatch
+from engines.board import Claims
 from engines.exact import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, Node, NodeRequest, SharedAnswers, Walker, walk
 from engines.llamacpp_batch import Sequences
 from engines.llamacpp_blocks import common_prefix, prompt_blocks, resume_point
@@ -166,8 +167,8 @@ class SharedContext:
         assert batch.constraint is not None
         tree = self.tree(batch.constraint, batch.sampling.max_tokens)
 
-        def compute(prompts: list[str]) -> list[tuple[Distribution, int] | Exception]:
-            return self.distributions(prompts, tree, chain, add_bos)
+        def compute(prompts: list[str], claims: Claims | None) -> list[tuple[Distribution, int] | Exception | None]:
+            return self.distributions(prompts, tree, chain, add_bos, claims)
 
         return self.answers.complete(batch, chain, compute)
 
@@ -181,23 +182,39 @@ class SharedContext:
             raise found
         return found
 
-    def distributions(self, prompts: list[str], tree: AnswerTree, chain: Chain,
-                      add_bos: bool = True) -> list[tuple[Distribution, int] | Exception]:
+    def distributions(self, prompts: list[str], tree: AnswerTree, chain: Chain, add_bos: bool = True,
+                      claims: Claims | None = None) -> list[tuple[Distribution, int] | Exception | None]:
         """Each prompt's exact distribution and token count, or the exception that prevented it
         (a prompt longer than the context: that prompt only). Sorted prompts evaluate from the
-        previous one's kept prefix."""
+        previous one's kept prefix. With ``claims`` (``engines.board``), only the prompts this
+        engine claims, one at a time as it gets to them, published as they are done; the others
+        are None."""
         tokens = [self.prompt_tokens(p, add_bos) for p in prompts]
-        out: list[tuple[Distribution, int] | Exception] = [
+        out: list[tuple[Distribution, int] | Exception | None] = [
             ValueError(f"Requested tokens ({len(t)}) exceed context window of {self.llm.n_ctx()}") for t in tokens]
-        fits = [i for i, t in enumerate(tokens) if len(t) + tree.max_tokens < self.llm.n_ctx()]
-        if self.streams > 1:
-            dists = self._walk_in_streams([tokens[i] for i in fits], tree, chain)
-        else:
-            dists = [self._walk_one(tokens[i], tree, chain) for i in fits]
-        for i, dist in sorted(zip(fits, dists), key=lambda pair: tokens[pair[0]]):
-            self.tokens_bound += max(1, len(tokens[i]) - common_prefix(self._last, tokens[i])) + dist.evaluated - 1
-            self._last = tokens[i]
+        fits = sorted((i for i, t in enumerate(tokens) if len(t) + tree.max_tokens < self.llm.n_ctx()), key=lambda i: tokens[i])
+        queue = claims.order(fits) if claims is not None else list(fits)
+        for i in fits:
+            out[i] = None
+
+        def take() -> int | None:
+            return claims.take(queue) if claims is not None else queue.pop(0) if queue else None
+
+        def done(i: int, dist: Distribution) -> None:
             out[i] = (dist, len(tokens[i]))
+            if claims is not None:
+                claims.publish(i, out[i])
+
+        if self.streams > 1:
+            self._walk_in_streams(tokens, take, done, tree, chain)
+        else:
+            while (i := take()) is not None:
+                done(i, self._walk_one(tokens[i], tree, chain))
+        for i in fits:  # the trie bound of what this engine computed, in its order
+            found = out[i]
+            if isinstance(found, tuple):
+                self.tokens_bound += max(1, len(tokens[i]) - common_prefix(self._last, tokens[i])) + found[0].evaluated - 1
+                self._last = tokens[i]
         return out
 
     def _walk_one(self, tokens: list[int], tree: AnswerTree, chain: Chain) -> Distribution:
@@ -227,31 +244,35 @@ class SharedContext:
         row = last_logits(llm, self.n_vocab)
         return row.copy()
 
-    def _walk_in_streams(self, prompts: list[list[int]], tree: AnswerTree, chain: Chain) -> list[Distribution]:
-        """The prompts' walks, ``streams`` at a time: each prompt is evaluated in the source
-        stream (sorted: from the previous one's kept prefix) and copied into a free stream,
-        where its tree is walked one node per step (a node's siblings reuse the prompt's KV);
-        every step decodes one row in each busy stream, so the streams' nodes share the cost
+    def _walk_in_streams(self, prompts: list[list[int]], take: Callable[[], int | None],
+                         done: Callable[[int, Distribution], None], tree: AnswerTree, chain: Chain) -> None:
+        """The walks of the prompts ``take`` gives (an index into ``prompts``, until None),
+        ``streams`` at a time, each handed to ``done`` when finished: each prompt is evaluated in
+        the source stream (in order: from the previous one's kept prefix) and copied into a free
+        stream, where its tree is walked one node per step (a node's siblings reuse the prompt's
+        KV); every step decodes one row in each busy stream, so the streams' nodes share the cost
         of reading the weights. A row's logits are the same whatever the other stream decodes
         (``STREAMS``)."""
         if self._sequences is None:
             self._sequences = Sequences(self.llm, self.streams, self.llm.n_ctx(), self.llm.context_params.n_threads, flash_attention=False)
         seq = self._sequences
         decoded = seq.decoded
-        out: list[Distribution | None] = [None] * len(prompts)
-        queue = sorted(range(len(prompts)), key=lambda i: prompts[i], reverse=True)  # pop() takes the smallest
         live: list[_Walk | None] = [None] * self.streams
-        while queue or any(live):
+        more = True  # whether ``take`` may give another prompt
+        while more or any(live):
             for slot in range(self.streams):  # one new prompt a step: the source is copied at the next decode
-                if live[slot] is not None or not queue:
+                if live[slot] is not None or not more:
                     continue
-                i = queue.pop()
+                i = take()
+                if i is None:
+                    more = False
+                    break
                 root = seq._evaluate(prompts[i])
                 walker = Walker(tree, chain)
                 if walker.asks and not walker.asks[0].path:  # the root's logits, from the source
                     walker.give({id(n): root[[t for t, _ in n.children]] for n in walker.asks})
                 if walker.done:
-                    out[i] = walker.distribution()
+                    done(i, walker.distribution())
                     continue  # nothing copied: the source may change again
                 seq.take(slot)
                 self._slot_kv[slot] = list(prompts[i])
@@ -282,12 +303,11 @@ class SharedContext:
                     w.walker.give(w.computed)
                     w.computed = {}
                     if w.walker.done:
-                        out[w.index] = w.walker.distribution()
+                        done(w.index, w.walker.distribution())
                         live[slot] = None
                     else:
                         w.asks = list(w.walker.asks)
         self.tokens_evaluated += seq.decoded - decoded
-        return out  # type: ignore[return-value]
 
     def close(self) -> None:
         """Free the streams' context (the model stays loaded)."""

@@ -76,7 +76,8 @@ class VllmShared:
         assert batch.constraint is not None
         tree = self.tree(batch.constraint, batch.sampling.max_tokens)
 
-        def compute(prompts: list[str]) -> list[tuple[Distribution, int] | Exception]:
+        def compute(prompts: list[str], claims: object = None) -> list[tuple[Distribution, int] | Exception]:
+            # Every prompt, a tree level per generate: no pool board (engines.board) is given to vLLM.
             ids = self.tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
             ok = [i for i, p in enumerate(ids) if len(p) + tree.max_tokens < max_model_len]
             results: list[tuple[Distribution, int] | Exception] = [

@@ -29,7 +29,7 @@ from tasks.arms import Arm, check_prompt_inputs
 from tasks.budget import check_context
 from tasks.environment import environment, group_environments
 from tasks.personas import experiment_personas
-from tasks.play import play_round
+from tasks.play import answer_ahead, play_round
 from tasks.pool import ensure_ray, shutdown_pools, warm_pool
 from tasks.report import report_stage
 from tasks.timings import mark
@@ -160,6 +160,10 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
                 check_context(arm, personas)
             except ValueError as exc:
                 raise ConfigError(f"arms.engines.{engine_index(cfg, arm)}.{exc}") from None
+        # The arm that plays first (its actors are up already), when it begins with round 1.
+        first = next((a for a in arms if plan[a.run_id]), None)
+        if first is not None and plan[first.run_id][0] == 1 and answer_ahead(first, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size):
+            mark("flow: round 1's prompts handed ahead")
         ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
         if ray_info.get("dashboard_url"):
             print(f"Ray dashboard: {monitor.publish_dashboard(ray_info['dashboard_url'])}")

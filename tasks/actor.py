@@ -21,6 +21,7 @@ import ray
 
 from core.seeds import sampling_seeds
 from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine, reason_and_answer
+from engines.board import AnswerBoard
 from prompts.answers import parse_answers
 from prompts.chat import split_cues
 from prompts.context import agent_variables
@@ -90,11 +91,22 @@ class ShardPlayer:
         self.spec = spec
         self.engine = build_engine(spec)
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self._ahead: tuple[int | None, int | None] | None = None  # the counters before answering ahead
+
+    def answer_ahead(self, job: ShardJob) -> None:
+        """Answer ``job`` for the distributions the engine keeps, and drop its guesses: the shards
+        that hold its prompts then only draw. Its tokens are counted in the next shard's."""
+        counters = self._ahead or (self.engine.tokens_evaluated, self.engine.tokens_bound)
+        self.play(job)
+        self._ahead = counters
 
     def play(self, job: ShardJob, node: str = "local") -> ShardResult:
         start = time.perf_counter()
         waited = self.engine.limit_wait_s  # engines with rate limits count their waits
-        work = (self.engine.tokens_evaluated, self.engine.tokens_bound)  # engines that count their shared answers' tokens
+        # Engines that count their shared answers' tokens: since this shard began, or since the
+        # answers given ahead of it.
+        work = self._ahead or (self.engine.tokens_evaluated, self.engine.tokens_bound)
+        self._ahead = None
         arm, rule = job.arm, job.arm.rule
         agents = job.agents
         ids = agents["agent_id"].to_numpy().astype(np.int64)
@@ -171,16 +183,56 @@ class ShardPlayer:
         self.engine.close()
 
 
-@ray.remote
-class AgentWorker:
-    """A Ray actor that owns one engine and plays shards with it."""
+class HostedBoard:
+    """A pool's answer board (``engines.board``) as its other actors see it: in its first actor."""
 
-    def __init__(self, spec: EngineSpec):
+    def __init__(self, host: Any):
+        self.host = host
+
+    def claim(self, owner: int, key: str) -> bool:
+        return ray.get(self.host.board_claim.remote(owner, key))
+
+    def publish(self, key: str, found: Any) -> None:
+        self.host.board_publish.remote(key, found)  # not waited for: a claimant's peers wait instead
+
+    def wait(self, keys: list[str], timeout: float) -> dict[str, Any]:
+        return ray.get(self.host.board_wait.remote(keys, timeout))
+
+
+@ray.remote(concurrency_groups={"board": 2})
+class AgentWorker:
+    """A Ray actor that owns one engine and plays shards with it.
+
+    A pool of several (``peers``) shares its engines' answer distributions: the first actor
+    (``host`` None) holds the pool's board and serves it on threads of its own (the ``board``
+    concurrency group) while it plays; the others reach it through ``host``. Shards are played
+    one at a time (Ray's default group).
+    """
+
+    def __init__(self, spec: EngineSpec, owner: int = 0, peers: int = 1, host: Any = None):
         mark("actor: started")
         self.player = ShardPlayer(spec)
+        self.board = AnswerBoard() if host is None else None
+        if peers > 1:
+            self.player.engine.share_answers(self.board or HostedBoard(host), owner, peers)
         mark("actor: engine built")
         self.node = ray.get_runtime_context().get_node_id()
         self.first = True  # no shard played yet (KEYNES_TIMINGS marks the first)
+
+    @ray.method(concurrency_group="board")
+    def board_claim(self, owner: int, key: str) -> bool:
+        assert self.board is not None
+        return self.board.claim(owner, key)
+
+    @ray.method(concurrency_group="board")
+    def board_publish(self, key: str, found: Any) -> None:
+        assert self.board is not None
+        self.board.publish(key, found)
+
+    @ray.method(concurrency_group="board")
+    def board_wait(self, keys: list[str], timeout: float) -> dict[str, Any]:
+        assert self.board is not None
+        return self.board.wait(keys, timeout)
 
     def play(self, job: ShardJob) -> ShardResult:
         if self.first:
@@ -190,6 +242,12 @@ class AgentWorker:
             self.first = False
             mark("actor: first shard played")
         return result
+
+    def answer_ahead(self, job: ShardJob) -> None:
+        """``ShardPlayer.answer_ahead``: before the shards that need the job's prompts."""
+        mark("actor: answering ahead")
+        self.player.answer_ahead(job)
+        mark("actor: answered ahead")
 
     def complete(self, batch: RequestBatch) -> CompletionBatch:
         """Completions from this actor's engine outside a game (e.g. persona backstories)."""

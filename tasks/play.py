@@ -18,17 +18,19 @@ import polars as pl
 from prefect import task
 from prefect.cache_policies import NONE
 
-from engines import EngineSpec
+from core.personas import PLAY_COLUMNS, persona_columns
+from engines import Constraint, EngineSpec
+from engines.exact import shares
 from engines.mixture import MixtureSpec, shard_index
 from prompts.context import round_variables, shown_own_guesses
 from tasks import progress
 from tasks.actor import ShardJob, ShardResult
 from tasks.arms import Arm
-from tasks.pool import check_resources, pool_for, run_pools
+from tasks.pool import check_resources, pool_for, pool_size, run_pools
 from tasks.retries import ON_TRANSIENT_ERRORS
 from tasks.store import Warehouse, commit_shards, stored_round
 
-__all__ = ["play_round"]
+__all__ = ["answer_ahead", "play_round"]
 
 
 @task(name="play", cache_policy=NONE, retries=3, task_run_name="play-{arm.run_id}-round-{round_}", **ON_TRANSIENT_ERRORS)
@@ -50,12 +52,7 @@ def play_round(
     """
     start = time.perf_counter()
     n = personas.height
-    # Nested environments: each agent is told its group's results.
-    stored = stored_round(warehouse, arm.run_id, round_, grouped="group" in personas.columns)
-    done = stored.done
-    agents = personas if stored.own_guesses is None else personas.join(stored.own_guesses, on="agent_id", how="left")
-    agents = shown_own_guesses(agents, arm.rule.history)  # game.history: the last N, or none
-    shared = round_variables(arm.rule, personas, round_, stored.history, stored.group_history)
+    done, agents, shared = _round_inputs(arm, round_, personas, warehouse)
     specs, component, actor_counts = _components(arm, personas, seed, actors)
     index = shard_index(component, shard_size)
     # No more actors than an engine has shards in a round: each actor is a process that
@@ -81,6 +78,47 @@ def play_round(
         run_pools([(pool_for(specs[c], actor_counts[c]), [j for k, j in jobs if k == c]) for c in used], commit)
     bar.finish()
     return {"agents": n, "shards": len(jobs), "written": written, "seconds": time.perf_counter() - start}
+
+
+#: Round 1's distinct prompts answered ahead of its shards, at most: more would hold up the
+#: first shard (each actor answers them before it plays).
+AHEAD_MAX = 64
+
+
+def answer_ahead(arm: Arm, seed: int, personas: pl.DataFrame, warehouse: Warehouse, actors: int, shard_size: int) -> int:
+    """Hand round 1's distinct prompts to the arm's actors now, ahead of its shards.
+
+    With shared-context answers every shard of round 1 holds the same few persona prompts; the
+    actors (their engines loaded while the flow writes its rows) compute their distributions
+    between them (``engines.board``) and keep them, so the first shards only draw. The prompts
+    are the round's own (the same inputs as ``play_round``), so no guess changes. Only a plain
+    engine that keeps distributions, direct answers, at most ``AHEAD_MAX`` distinct prompts.
+    Returns how many were handed over (0: none).
+    """
+    engine = arm.engine
+    rule = arm.rule
+    if arm.mode.reasoning or not isinstance(engine, EngineSpec) or not engine.keeps_distributions:
+        return 0
+    if not shares(Constraint(rule.low, rule.high, rule.integer)):
+        return 0
+    done, agents, shared = _round_inputs(arm, 1, personas, warehouse)
+    columns = persona_columns(agents.columns) + [c for c in PLAY_COLUMNS if c in agents.columns]
+    distinct = agents.select(columns).unique(maintain_order=True)
+    if not columns or len(done) == personas.height or distinct.height > AHEAD_MAX:
+        return 0
+    job = ShardJob(arm, seed, 1, -1, distinct.with_row_index("agent_id").with_columns(pl.col("agent_id").cast(pl.Int64)), shared)
+    pool_for(engine, pool_size(personas.height, actors, shard_size)).answer_ahead(job)
+    return distinct.height
+
+
+def _round_inputs(arm: Arm, round_: int, personas: pl.DataFrame, warehouse: Warehouse) -> tuple[Any, pl.DataFrame, dict[str, Any]]:
+    """What round ``round_`` is played from: the agents already stored, every agent's variables
+    (persona, the own guesses ``game.history`` shows) and the round's shared variables."""
+    # Nested environments: each agent is told its group's results.
+    stored = stored_round(warehouse, arm.run_id, round_, grouped="group" in personas.columns)
+    agents = personas if stored.own_guesses is None else personas.join(stored.own_guesses, on="agent_id", how="left")
+    agents = shown_own_guesses(agents, arm.rule.history)  # game.history: the last N, or none
+    return stored.done, agents, round_variables(arm.rule, personas, round_, stored.history, stored.group_history)
 
 
 def _components(arm: Arm, personas: pl.DataFrame, seed: int, actors: int) -> tuple[list[EngineSpec], np.ndarray, list[int]]:

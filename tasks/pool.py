@@ -26,7 +26,7 @@ from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Pr
 from tasks.arms import Arm
 from tasks.timings import mark
 
-__all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "run_pools", "shutdown_pools", "warm_pool"]
+__all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "pool_size", "run_pools", "shutdown_pools", "warm_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,17 @@ class WorkerPool:
             "scheduling_strategy": "SPREAD",
         }
         ensure_shared(spec)  # an engine's rate limits, shared by its actors, belong to this driver
-        self.actors = [AgentWorker.options(**options).remote(spec) for _ in range(actors)]
+        # The first actor holds the pool's answer board (engines.board): each distinct prompt's
+        # distribution is computed by one actor of the pool.
+        first = AgentWorker.options(**options).remote(spec, 0, actors)
+        self.actors = [first, *(AgentWorker.options(**options).remote(spec, i, actors, first) for i in range(1, actors))]
+        self._ahead: list[ray.ObjectRef] = []  # the actors' answers ahead of their shards (answer_ahead)
         mark(f"pool: {actors} actor(s) requested")
+
+    def answer_ahead(self, job: ShardJob) -> None:
+        """Have every actor answer ``job`` before its next shard, for the answer distributions its
+        engine keeps (``tasks.play.answer_ahead``); not waited for."""
+        self._ahead = [actor.answer_ahead.remote(job) for actor in self.actors]
 
     def run(self, jobs: list[Any], on_done: Callable[[list[tuple[Any, Any]]], None], method: str = "play") -> None:
         """Play every job (or pass each to the actors' ``method``), calling ``on_done`` in
@@ -199,7 +208,12 @@ def warm_pool(arm: Arm, agents: int, actors: int, shard_size: int) -> None:
     """
     if isinstance(arm.engine, MixtureSpec) or agents <= 0:
         return
-    pool_for(arm.engine, min(actors, -(-agents // shard_size)))
+    pool_for(arm.engine, pool_size(agents, actors, shard_size))
+
+
+def pool_size(agents: int, actors: int, shard_size: int) -> int:
+    """A plain engine's actors for a population: ``actors``, but no more than it has shards."""
+    return min(actors, -(-agents // shard_size))
 
 
 def shutdown_pools() -> None:

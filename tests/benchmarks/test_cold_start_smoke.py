@@ -47,7 +47,9 @@ def test_the_timelines_are_in_order_and_the_ratio_is_of_the_walls(printed):
 @pytest.mark.llm
 def test_prefect_s_api_and_the_actors_start_before_the_flow(printed):
     """KEYNES_TIMINGS=1's phases: the temporary API starts after the header, and it answers and Ray
-    is up before the flow starts; each actor's phases (those Ray forwarded) come in their order."""
+    is up before the flow starts; each actor's phases (those Ray forwarded) come in their order. Gemma's
+    actor answers round 1's prompts ahead of its first shard (tasks.play.answer_ahead); the
+    simulated engine keeps no distributions, so it is handed none."""
     for engine in ("gemma", "simulated"):
         block = re.search(rf"^  phases of {engine} \(KEYNES_TIMINGS=1\), seconds after the command starts:\n((?:    .*\n?)+)", printed, re.MULTILINE)
         assert block, printed
@@ -56,6 +58,14 @@ def test_prefect_s_api_and_the_actors_start_before_the_flow(printed):
         assert phases["ray: starting"] <= phases["ray: started"] <= phases["flow: started"] <= phases["flow: run rows"], (engine, phases)
         actors = {name.split(":")[0] for name in phases if name.startswith("actor ")}
         assert actors, (engine, phases)
+        ahead = ("answering ahead", "answered ahead") if engine == "gemma" else ()
         for actor in actors:
-            moments = [phases[f"{actor}: {p}"] for p in ("started", "engine built", "first shard started", "first shard played") if f"{actor}: {p}" in phases]
+            steps = ("started", "engine built", *ahead, "first shard started", "first shard played")
+            moments = [phases[f"{actor}: {p}"] for p in steps if f"{actor}: {p}" in phases]
             assert moments == sorted(moments), (engine, actor, phases)
+        handed = [name for name in phases if "handed ahead" in name or "ahead" in name.split(": ")[-1]]
+        if engine == "gemma":
+            assert phases["flow: personas"] <= phases["flow: round 1's prompts handed ahead"] <= phases["flow: run rows"], phases
+            assert any(f"{actor}: answered ahead" in phases for actor in actors), phases
+        else:
+            assert handed == [], phases

@@ -1,18 +1,21 @@
 """Shared-context answers with two prompts' answer trees walked side by side, a node of each per
 decode in separate KV streams (``SharedContext(streams=2)``, the default), are the
 one-node-at-a-time walk's bit for bit, on the real Gemma 3 270M: first-round prompts and
-later-round prompts with their history lines."""
+later-round prompts with their history lines. Two engines sharing a pool's answer board split a
+batch's prompts between them and answer as one engine alone does."""
 
 from __future__ import annotations
 
 import random
+import threading
 
 import numpy as np
 import polars as pl
 import pytest
 
 from core.game import GameRule
-from engines import Constraint
+from engines import Constraint, RequestBatch, Sampling
+from engines.board import AnswerBoard
 from engines.exact import Chain
 from engines.llamacpp_internals import quiet
 from engines.llamacpp_shared import STREAMS, SharedContext
@@ -68,3 +71,41 @@ def test_two_streams_give_the_one_stream_walks_distributions_bit_for_bit(llm):
         assert one.evaluated == two.evaluated
         nodes += one.evaluated
     assert nodes > 3 * len(texts)  # trees of several nodes: pairs of rows were decoded
+
+
+def test_two_engines_on_one_board_compute_each_prompt_once_and_answer_as_one_engine_alone(llm):
+    """Two shared contexts on the model (two actors of a pool, here two threads), each given the
+    same batch at the same moment, as two actors are given shards of round 1: each computes some
+    of the distinct prompts and reads the others' from the board; both draw every agent's answer
+    as a lone engine does, from the same distributions bit for bit."""
+    texts = prompts()
+    agents = 3 * len(texts)
+    batch = RequestBatch(np.arange(agents), [texts[i % len(texts)] for i in range(agents)],
+                         np.arange(agents, dtype=np.int64) * 7919, Sampling(), Constraint(0, 100, True))
+    chain = Chain()
+    lone = SharedContext(llm)
+    alone = lone.generate(batch, chain)
+    assert lone.answers.computed == len(texts)
+    board = AnswerBoard()
+    peers = [SharedContext(llm) for _ in range(2)]
+    for owner, peer in enumerate(peers):
+        peer.answers.share(board, owner, len(peers))
+    out: dict[int, object] = {}
+    together = threading.Barrier(2)
+
+    def play(owner: int) -> None:
+        together.wait()
+        out[owner] = peers[owner].generate(batch, chain)
+
+    threads = [threading.Thread(target=play, args=(owner,)) for owner in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    computed = [peer.answers.computed for peer in peers]
+    assert sum(computed) == len(texts) and min(computed) >= 3, computed  # split, none twice
+    for owner in range(2):
+        assert out[owner].text == alone.text
+        assert out[owner].distributions.equals(alone.distributions)
+    for peer in (lone, *peers):
+        peer.close()

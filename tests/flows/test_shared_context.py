@@ -96,6 +96,12 @@ def test_every_guess_is_shared_valid_and_counts_its_prompt(runs):
                                              where g.round = 1 and g.run_id = {basic})""")
     assert q(path, f"select count(distinct context) from guesses where round = 2 and run_id = {basic}") == pairs
     assert pairs[0][0] > 5
+    # Round 1's five prompts were answered ahead of its shards, by the two actors between them
+    # (tasks.play.answer_ahead, engines.board), their tokens counted in each actor's first shard:
+    # the third shard (the first actor's second) only drew.
+    work = q(path, f"select shard, tokens_evaluated, tokens_bound from shards where round = 1 and run_id = {basic} order by shard")
+    assert [s for s, _, _ in work] == [0, 1, 2] and work[2][1] == 0
+    assert sum(e for _, e, _ in work) >= sum(b for _, _, b in work) > 0
 
 
 def test_distributions_are_stored_with_their_agents_and_sum_to_one(runs):

@@ -11,9 +11,10 @@ computing it and publish its distribution after; ``Claims`` is one batch's view 
   second actor starts at the middle of the sorted prompts (``start``), so they meet late.
 - ``publish(i, found)``: prompt ``i``'s distribution, for the others.
 - ``others(timeout)``: the distributions of the prompts another engine claimed, once they are
-  published. A claim whose owner died is lost with it: after ``timeout`` seconds the waiting
-  engine computes what is missing itself. A board that fails (its actor gone) is dropped: the
-  batch is computed here, as without a board.
+  published. A claim whose owner died is taken up again by its restarted actor (Ray plays its
+  shard again); a board whose actor restarted holds no claims, and a waiter computes what nobody
+  claims itself, at once; after ``timeout`` seconds it computes whatever is still missing. A
+  board that fails (its actor gone) is dropped: the batch is computed here, as without a board.
 
 A distribution is a function of its prompt and sampling settings only (the key says both), and
 every engine of a pool runs the same model with the same settings, so which engine computes
@@ -74,12 +75,13 @@ class AnswerBoard:
             self._changed.notify_all()
 
     def wait(self, keys: list[str], timeout: float) -> dict[str, Any]:
-        """The published distributions of ``keys``: all of them, or those published within
-        ``timeout`` seconds."""
+        """The published distributions of ``keys``, once each is published or claimed by no one
+        (a board that started again, its actor restarted, holds none of the claims made before:
+        the waiter computes those itself), or after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
-                missing = [k for k in keys if k not in self._found]
+                missing = [k for k in keys if k not in self._found and k in self._owner]
                 left = deadline - time.monotonic()
                 if not missing or left <= 0:
                     return {k: self._found[k] for k in keys if k in self._found}

@@ -54,6 +54,14 @@ def test_a_peer_waits_for_what_another_claimed_and_gets_it_as_soon_as_it_is_publ
     assert time.monotonic() - began < 5
 
 
+def test_claims_lost_with_a_restarted_board_are_computed_by_the_waiter_at_once():
+    """The first actor (the board's host) died and came back with an empty board: a peer waiting
+    for prompts claimed on the old board does not wait for them."""
+    reader = Claims(AnswerBoard(), 1, KEYS[:2], wait_s=60)
+    began = time.monotonic()
+    assert reader.others() == {} and time.monotonic() - began < 1
+
+
 def test_a_claim_whose_owner_died_is_computed_by_the_waiting_peer_after_the_timeout():
     board = AnswerBoard()
     assert Claims(board, 0, KEYS[:1]).take([0]) == 0  # claimed, never published: its owner is gone

@@ -273,7 +273,7 @@ class EngineSpec(BaseModel):
         """Whether the engine answers constrained batches from each distinct prompt's exact
         distribution and keeps it for later batches (shared-context answers): then a batch of a
         round's distinct prompts, answered ahead of its shards, makes them cheap and changes none."""
-        return bool(getattr(self, "shared_context", False))
+        return False
 
     @property
     def model_name(self) -> str:

@@ -48,6 +48,10 @@ class LlamaCppSpec(EngineSpec):
     shared_context: bool = Field(True, description="Constrained answers (a language of at most 1,000 numbers) from the exact answer distribution of each distinct prompt (evaluated once), drawn per agent with its seed, and free text (reasoning) decoded `sequences` at a time; false: one sampled completion per agent for both.")
     sequences: int = Field(SLOTS, ge=1, description="With shared_context: free-text requests decoded together, one KV stream each (1: one by one). An agent's text depends on its prompt, its seed and this number only.")
 
+    @property
+    def keeps_distributions(self) -> bool:
+        return self.shared_context
+
     @field_validator("model")
     @classmethod
     def _known_model(cls, model: str) -> str:

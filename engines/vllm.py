@@ -53,6 +53,10 @@ class VllmSpec(EngineSpec):
     seed: int = Field(0, ge=0, description="The engine's global seed (every request also carries its agent's seed).")
     shared_context: bool = Field(True, description="Constrained answers (a language of at most 1,000 numbers) from the exact answer distribution of each distinct prompt (raw logits of the answer tree's nodes, llama.cpp's sampling chain), drawn per agent with its seed; false: vLLM samples one completion per agent.")
 
+    @property
+    def keeps_distributions(self) -> bool:
+        return self.shared_context
+
     @model_validator(mode="after")
     def _resources(self) -> "VllmSpec":
         if self.device == "cpu" and self.num_gpus > 0:

@@ -184,10 +184,18 @@ class ShardPlayer:
 
 
 class HostedBoard:
-    """A pool's answer board (``engines.board``) as its other actors see it: in its first actor."""
+    """A pool's answer board (``engines.board``) as its other actors see it: in its first actor,
+    the named actor ``host`` (looked up at first use, when it has been created)."""
 
-    def __init__(self, host: Any):
-        self.host = host
+    def __init__(self, host: str):
+        self.name = host
+        self._host: Any = None
+
+    @property
+    def host(self) -> Any:
+        if self._host is None:
+            self._host = ray.get_actor(self.name)
+        return self._host
 
     def claim(self, owner: int, key: str) -> bool:
         return ray.get(self.host.board_claim.remote(owner, key))
@@ -205,11 +213,11 @@ class AgentWorker:
 
     A pool of several (``peers``) shares its engines' answer distributions: the first actor
     (``host`` None) holds the pool's board and serves it on threads of its own (the ``board``
-    concurrency group) while it plays; the others reach it through ``host``. Shards are played
-    one at a time (Ray's default group).
+    concurrency group) while it plays; the others reach it by its actor name, ``host``. Shards
+    are played one at a time (Ray's default group).
     """
 
-    def __init__(self, spec: EngineSpec, owner: int = 0, peers: int = 1, host: Any = None):
+    def __init__(self, spec: EngineSpec, owner: int = 0, peers: int = 1, host: str | None = None):
         mark("actor: started")
         self.player = ShardPlayer(spec)
         self.board = AnswerBoard() if host is None else None

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+import uuid
 from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -123,9 +124,12 @@ class WorkerPool:
         }
         ensure_shared(spec)  # an engine's rate limits, shared by its actors, belong to this driver
         # The first actor holds the pool's answer board (engines.board): each distinct prompt's
-        # distribution is computed by one actor of the pool.
-        first = AgentWorker.options(**options).remote(spec, 0, actors)
-        self.actors = [first, *(AgentWorker.options(**options).remote(spec, i, actors, first) for i in range(1, actors))]
+        # distribution is computed by one actor of the pool. The others find it by its name (an
+        # actor handle among their constructor's arguments would make Ray keep those in its
+        # object store, where a restart may not find them).
+        self.board = f"keynes-answers-{uuid.uuid4().hex[:12]}" if actors > 1 else None
+        first = AgentWorker.options(**options, **({"name": self.board} if self.board else {})).remote(spec, 0, actors)
+        self.actors = [first, *(AgentWorker.options(**options).remote(spec, i, actors, self.board) for i in range(1, actors))]
         self._ahead: list[ray.ObjectRef] = []  # the actors' answers ahead of their shards (answer_ahead)
         mark(f"pool: {actors} actor(s) requested")
 

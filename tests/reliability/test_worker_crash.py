@@ -108,3 +108,20 @@ def test_actor_killed_mid_round_loses_and_duplicates_nothing(how, db, local_ray,
     late = [shard for batch, _, _, t in warehouse.commits if t > killed["at"] + 1.0 for shard in batch]
     late_workers = set(workers.filter(pl.col("shard").is_in(late))["worker"])
     assert victim_worker not in late_workers, (late, late_workers)
+
+
+def test_a_pool_of_two_starts_without_a_ray_warning_and_its_board_is_found_by_name(local_ray, pools, capfd):
+    """The pool's other actors find the first (the answer board's host, engines/board.py) by its
+    actor name. Given its handle among their constructor's arguments, Ray's core worker printed a
+    warning into every run's output that such arguments sit in its object store, where an
+    actor's restart may not find them."""
+    import ray
+
+    from tasks.actor import HostedBoard
+
+    pool = pool_for(SimulatedSpec(num_cpus=1), ACTORS)
+    assert len(ray.get([a.where.remote() for a in pool.actors])) == ACTORS
+    assert pool.board is not None and HostedBoard(pool.board).claim(0, "prompt") is True
+    assert HostedBoard(pool.board).claim(1, "prompt") is False  # the first actor's board: one grant
+    printed = capfd.readouterr()
+    assert "constructor arguments" not in printed.err + printed.out, printed.err

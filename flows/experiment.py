@@ -43,8 +43,12 @@ def start_workers(cfg: ExperimentConfig, arms: list[Arm], plan: dict[str, list[i
     if cfg.population.backstories.enabled or not any(plan.values()):
         return
     ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
-    first = next(a for a in arms if plan[a.run_id])
-    warm_pool(first, cfg.population.size, cfg.workers.actors, cfg.workers.shard_size)
+    warm_pool(first_to_play(arms, plan), cfg.population.size, cfg.workers.actors, cfg.workers.shard_size)
+
+
+def first_to_play(arms: list[Arm], plan: dict[str, list[int]]) -> Arm | None:
+    """The arm that plays first in this run (its actors are started first), or None."""
+    return next((a for a in arms if plan[a.run_id]), None)
 
 
 def warm_start(cfg: ExperimentConfig) -> None:
@@ -161,7 +165,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             except ValueError as exc:
                 raise ConfigError(f"arms.engines.{engine_index(cfg, arm)}.{exc}") from None
         # The arm that plays first (its actors are up already), when it begins with round 1.
-        first = next((a for a in arms if plan[a.run_id]), None)
+        first = first_to_play(arms, plan)
         if first is not None and plan[first.run_id][0] == 1 and answer_ahead(first, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size):
             mark("flow: round 1's prompts handed ahead")
         ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)

@@ -19,13 +19,19 @@ from core.personas import PLAY_COLUMNS, attribute_columns, persona_columns
 MAX_COMPOSITION_VALUES = 20
 
 
+def prompt_columns(columns: list[str]) -> tuple[list[str], list[str]]:
+    """The columns of the agents' table their prompts are rendered from: persona attributes, and
+    what play adds (own guesses, group)."""
+    return persona_columns(columns), [c for c in PLAY_COLUMNS if c in columns]
+
+
 def agent_variables(agents: pl.DataFrame) -> pl.DataFrame:
     """The per-agent template variables: ``persona`` (a struct of attributes) and history."""
-    attributes = persona_columns(agents.columns)
+    attributes, play = prompt_columns(agents.columns)
     columns = []
     if attributes:
         columns.append(pl.struct(attributes).alias("persona"))
-    columns += [pl.col(c) for c in PLAY_COLUMNS if c in agents.columns]
+    columns += [pl.col(c) for c in play]
     if not columns:
         return pl.DataFrame({"_": [None] * agents.height})
     return agents.select(columns)

@@ -220,7 +220,7 @@ class AgentWorker:
     def __init__(self, spec: EngineSpec, owner: int = 0, peers: int = 1, host: str | None = None):
         mark("actor: started")
         self.player = ShardPlayer(spec)
-        self.board = AnswerBoard() if host is None else None
+        self.board = AnswerBoard() if peers > 1 and host is None else None
         if peers > 1:
             self.player.engine.share_answers(self.board or HostedBoard(host), owner, peers)
         mark("actor: engine built")

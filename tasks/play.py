@@ -18,11 +18,10 @@ import polars as pl
 from prefect import task
 from prefect.cache_policies import NONE
 
-from core.personas import PLAY_COLUMNS, persona_columns
 from engines import Constraint, EngineSpec
 from engines.exact import shares
 from engines.mixture import MixtureSpec, shard_index
-from prompts.context import round_variables, shown_own_guesses
+from prompts.context import prompt_columns, round_variables, shown_own_guesses
 from tasks import progress
 from tasks.actor import ShardJob, ShardResult
 from tasks.arms import Arm
@@ -102,7 +101,8 @@ def answer_ahead(arm: Arm, seed: int, personas: pl.DataFrame, warehouse: Warehou
     if not shares(Constraint(rule.low, rule.high, rule.integer)):
         return 0
     done, agents, shared = _round_inputs(arm, 1, personas, warehouse)
-    columns = persona_columns(agents.columns) + [c for c in PLAY_COLUMNS if c in agents.columns]
+    attributes, play = prompt_columns(agents.columns)
+    columns = attributes + play
     distinct = agents.select(columns).unique(maintain_order=True)
     if not columns or len(done) == personas.height or distinct.height > AHEAD_MAX:
         return 0

@@ -130,13 +130,13 @@ class WorkerPool:
         self.board = f"keynes-answers-{uuid.uuid4().hex[:12]}" if actors > 1 else None
         first = AgentWorker.options(**options, **({"name": self.board} if self.board else {})).remote(spec, 0, actors)
         self.actors = [first, *(AgentWorker.options(**options).remote(spec, i, actors, self.board) for i in range(1, actors))]
-        self._ahead: list[ray.ObjectRef] = []  # the actors' answers ahead of their shards (answer_ahead)
         mark(f"pool: {actors} actor(s) requested")
 
     def answer_ahead(self, job: ShardJob) -> None:
         """Have every actor answer ``job`` before its next shard, for the answer distributions its
-        engine keeps (``tasks.play.answer_ahead``); not waited for."""
-        self._ahead = [actor.answer_ahead.remote(job) for actor in self.actors]
+        engine keeps (``tasks.play.answer_ahead``); not waited for (each actor plays its shards after)."""
+        for actor in self.actors:
+            actor.answer_ahead.remote(job)
 
     def run(self, jobs: list[Any], on_done: Callable[[list[tuple[Any, Any]]], None], method: str = "play") -> None:
         """Play every job (or pass each to the actors' ``method``), calling ``on_done`` in

@@ -29,6 +29,7 @@ import numpy as np
 from engines import Completion, CompletionBatch, Constraint, Sampling
 from engines.exact import AnswerTree, Chain, Distribution, Node, Walker, context_hash
 from engines.llamacpp_blocks import BLOCK, common_prefix, prompt_blocks, resume_point
+from engines.llamacpp_head import HeadRow, HiddenStates, OutputHead
 from engines.llamacpp_internals import close_context, completion_sampler, context_handle, context_memory, new_context, sampler_handle, vocab
 
 #: Slots of the default engine. Measured on Gemma 3 270M, 2 threads, without flash attention
@@ -84,9 +85,14 @@ class Outcome:
 
 class Sequences:
     """A llama.cpp context of ``slots`` decoding streams plus one source stream, on a loaded
-    ``llama_cpp.Llama``'s weights (the model is shared, not loaded again)."""
+    ``llama_cpp.Llama``'s weights (the model is shared, not loaded again).
 
-    def __init__(self, llm: Any, slots: int = SLOTS, n_ctx: int = 2048, threads: int = 1, flash_attention: bool = True):
+    With ``head`` (``engines.llamacpp_head``), a decode stops at the last hidden state and a row
+    gives the logits of the tokens asked only (``row[tokens]``), checked once against the full
+    logits at the first prompt (the full logits from then on if they differ)."""
+
+    def __init__(self, llm: Any, slots: int = SLOTS, n_ctx: int = 2048, threads: int = 1, flash_attention: bool = True,
+                 head: OutputHead | None = None):
         import llama_cpp
 
         self.llm, self.slots, self.n_ctx = llm, slots, n_ctx
@@ -104,6 +110,11 @@ class Sequences:
         params.n_seq_max = slots + 1
         params.kv_unified = False
         params.n_threads = params.n_threads_batch = threads
+        self._hidden = HiddenStates(head) if head is not None else None
+        if self._hidden is not None:
+            self._hidden.params(params)
+        self._outputs: list[HeadRow] = []  # the last decode's rows (with ``head``)
+        self._output_of: dict[int, int] = {}  # a batch index's output row
         self.ctx = new_context(llm, params)
         self._handle, self._memory = context_handle(self.ctx), context_memory(self.ctx)
         self.n_vocab = llm.n_vocab()
@@ -150,11 +161,20 @@ class Sequences:
         keep = resume_point(self._held, prompt, len(prompt))
         llama_cpp.llama_memory_seq_rm(self._memory, self.source, keep, -1)
         blocks = list(prompt_blocks(keep, len(prompt)))
+        hidden = self._hidden
+        checking = hidden is not None and not hidden.trusted and not hidden.full
+        if checking:  # the first prompt's last block also computes the full logits, to check the head against
+            hidden.full = True  # type: ignore[union-attr]
         for k, (start, end) in enumerate(blocks):  # logits for the last block's last row only (the KV is the same)
             self._decode([(t, q, self.source) for q, t in zip(range(start, end), prompt[start:end])],
                          logits=[k == len(blocks) - 1 and q == end - 1 for q in range(start, end)])
-        self._held, self._held_logits = list(prompt), self._row(-1).copy()
-        return self._held_logits
+        if checking:
+            full = self._full_row(-1)
+            hidden.full = not hidden.verify(self._outputs[self._output_of[-1]], full, np.argpartition(full, -32)[-32:])  # type: ignore[union-attr]
+        self._held, self._held_logits = list(prompt), self._row(-1)
+        if not isinstance(self._held_logits, HeadRow):
+            self._held_logits = self._held_logits.copy()
+        return self._held_logits  # type: ignore[return-value]
 
     def _decode(self, rows: list[tuple[int, int, int]], logits: list[bool] | None = None) -> None:
         """Decode (token, position, stream) rows; logits for the rows ``logits`` marks (default: the last)."""
@@ -170,6 +190,12 @@ class Sequences:
         if code != 0:
             raise RuntimeError(f"llama_decode returned {code}")
         self.decoded += len(rows)
+        if self._hidden is not None:
+            self._outputs = self._hidden.take()
+            flagged = [k for k in range(len(rows)) if b.logits[k]]
+            assert len(flagged) == len(self._outputs), (len(flagged), len(self._outputs))
+            self._output_of = {k: n for n, k in enumerate(flagged)}
+            self._output_of[-1] = len(flagged) - 1
 
     def take(self, slot: int) -> None:
         """Give stream ``slot`` the source stream's KV (llama.cpp copies it at the next decode:
@@ -191,6 +217,13 @@ class Sequences:
         return target[keep:]
 
     def _row(self, i: int) -> np.ndarray:
+        """Batch row ``i``'s logits (-1: the last row): a view of the full row, or with a trusted
+        ``head`` a ``HeadRow`` (index it with the tokens wanted)."""
+        if self._hidden is not None and not self._hidden.full:
+            return self._outputs[self._output_of[i]]  # type: ignore[return-value]
+        return self._full_row(i)
+
+    def _full_row(self, i: int) -> np.ndarray:
         import llama_cpp
 
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._handle, i), shape=(self.n_vocab,))

@@ -3,8 +3,9 @@
 Each node of a prompt's answer tree is evaluated from the longest prefix kept in a KV stream
 (the prompt, then one token per tree edge), so a distinct prompt costs its tokens plus a few
 single-token decodes, and sorted prompts share prefixes. Two prompts' trees are walked side by
-side in streams of their own (``STREAMS``), a node of each per decode, with the logits the
-model's own context gives each node alone.
+side in streams of their own (``STREAMS``), a node of each per decode, with the hidden state the
+model's own context gives each node alone; only the answer tokens' logits are computed from it
+(``engines.llamacpp_head``: llama.cpp's own arithmetic, within float noise of its full logits).
 """
 
 from __future__ import annotations
@@ -24,16 +25,19 @@ from engines.board import Claims
 from engines.exact import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, Node, NodeRequest, SharedAnswers, Walker, walk
 from engines.llamacpp_batch import Sequences
 from engines.llamacpp_blocks import common_prefix, prompt_blocks, resume_point
+from engines.llamacpp_head import OutputHead
 from engines.llamacpp_internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, eval_without_logits, last_logits, vocab
 from engines.models import cache_dir
 
 #: Answer-tree nodes decoded together, each in its own KV stream. Measured on Gemma 3 270M, one
-#: thread: a node alone 34.5 ms, two together 43.5 ms, three 74 ms; and 1–3 rows in separate
-#: streams (without flash attention) are bit for bit the rows the model's own context decodes one
-#: at a time, while 4 or more are not (llama.cpp's repacked Q4_K kernels take over), so two.
+#: thread, a decode of 1, 2, 3 rows: 21, 50, 87 ms with the full output layer; 9.1, 13.0, 19.4 ms
+#: with the answer tokens' rows alone (``engines.llamacpp_head``, the default). 1–3 rows in
+#: separate streams (without flash attention) are bit for bit the rows the model's own context
+#: decodes one at a time, while 4 or more are not (llama.cpp's repacked Q4_K kernels take over), so two.
 STREAMS = 2
 
 _VOCABS: dict[str, AnswerVocab] = {}
+_HEADS: dict[str, OutputHead | None] = {}
 #: What a vocabulary cache file holds (``vocab_cache_path``); a new layout gets a new number.
 _VOCAB_FORMAT = 1
 
@@ -65,6 +69,15 @@ def answer_vocab(llm: Any) -> AnswerVocab:
         _VOCABS[key] = AnswerVocab.from_pieces(pieces, eog)
         write_vocab_cache(cache, _VOCABS[key])
     return _VOCABS[key]
+
+
+def output_head(llm: Any) -> OutputHead | None:
+    """The model's output layer for the answer tokens' logits alone (``engines.llamacpp_head``),
+    read once per model file and process; None where that path does not apply."""
+    key = str(llm.model_path)
+    if key not in _HEADS:
+        _HEADS[key] = OutputHead.load(key, llm.n_embd())
+    return _HEADS[key]
 
 
 def vocab_cache_path(model: Path) -> Path:
@@ -141,9 +154,10 @@ class SharedContext:
     (``STREAMS``; tests/engines/test_shared_streams.py compares them).
     """
 
-    def __init__(self, llm: Any, streams: int = STREAMS):
+    def __init__(self, llm: Any, streams: int = STREAMS, head: bool = True):
         self.llm = llm
         self.streams = streams
+        self.head = head
         self._sequences: Sequences | None = None  # the streams' context, made at the first prompt
         self._slot_kv: list[list[int]] = [[] for _ in range(streams)]
         self.vocab = answer_vocab(llm)
@@ -254,7 +268,8 @@ class SharedContext:
         of reading the weights. A row's logits are the same whatever the other stream decodes
         (``STREAMS``)."""
         if self._sequences is None:
-            self._sequences = Sequences(self.llm, self.streams, self.llm.n_ctx(), self.llm.context_params.n_threads, flash_attention=False)
+            self._sequences = Sequences(self.llm, self.streams, self.llm.n_ctx(), self.llm.context_params.n_threads, flash_attention=False,
+                                        head=output_head(self.llm) if self.head else None)
         seq = self._sequences
         decoded = seq.decoded
         live: list[_Walk | None] = [None] * self.streams

@@ -1,0 +1,206 @@
+"""Only the logits an answer can read: the model's body in llama.cpp, its output layer here.
+
+An answer-tree node needs the logits of a few answer tokens, but a decode computes all of the
+output layer's rows (Gemma 3 270M: 262,144 × 640, more than half of a one-token decode). A
+llama.cpp context made with ``HiddenStates.params`` stops each decode at the last layer's
+normalized hidden state (``result_norm``), which its eval callback keeps; ``OutputHead`` then
+computes the rows asked for from the model file's own output matrix, as llama.cpp's CPU kernels
+compute them: the hidden state quantized to Q8_0 blocks, integer dot products with the Q8_0
+weights, scaled by both blocks' scales. Measured against llama.cpp's own logits on Gemma 3 270M:
+within 3e-6 (logits of magnitude ~20), float summation order only
+(tests/engines/test_llamacpp_head.py); a float dot product of the dequantized weights would be
+off by ~0.1. Only a model whose output matrix is Q8_0 and which caps no logits takes this path
+(``OutputHead.load`` returns None otherwise), and a context checks its first row against the
+full logits before it trusts the head (``HiddenStates.verify``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import struct
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["HeadRow", "HiddenStates", "OutputHead"]
+
+#: ggml's type number of Q8_0 blocks (a float16 scale, 32 signed bytes).
+_Q8_0 = 8
+_Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
+#: GGUF metadata value types of a fixed size (bytes); 8 is a string, 9 an array.
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+#: A tolerance far above the head's float noise (3e-6) and far below a wrong matrix's errors (~1).
+TOLERANCE = 1e-3
+
+
+class OutputHead:
+    """A model's output matrix (Q8_0 rows, memory-mapped from its GGUF file) and the logits of
+    chosen tokens from a hidden state, computed as llama.cpp computes them."""
+
+    def __init__(self, blocks: np.ndarray, n_embd: int):
+        self.blocks = blocks  # (n_vocab, n_embd // 32) Q8_0 blocks
+        self.n_embd = n_embd
+        self._rows: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    @classmethod
+    def load(cls, path: str | Path, n_embd: int) -> OutputHead | None:
+        """The head of the GGUF file at ``path``, or None where this path cannot follow llama.cpp
+        exactly: an output matrix that is not Q8_0, a final logit softcap, a file it cannot read."""
+        try:
+            with open(path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            meta, tensors, data = _read_gguf(mm)
+        except (OSError, ValueError, struct.error):
+            return None
+        if any(key.endswith(b".final_logit_softcapping") and value for key, value in meta.items()):
+            return None
+        # llama.cpp's choice: the output matrix, or the token embeddings where it is tied.
+        found = tensors.get(b"output.weight") or tensors.get(b"token_embd.weight")
+        if found is None:
+            return None
+        dims, kind, offset = found
+        if kind != _Q8_0 or len(dims) != 2 or dims[0] != n_embd or n_embd % 32:
+            return None
+        blocks = np.frombuffer(mm, dtype=_Q8_0_BLOCK, count=dims[0] * dims[1] // 32, offset=data + offset)
+        return cls(blocks.reshape(dims[1], n_embd // 32), n_embd)
+
+    def logits(self, hidden: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
+        """The logits of ``tokens`` after the hidden state ``hidden`` (float32, as llama.cpp's)."""
+        key = tuple(int(t) for t in tokens)
+        if key not in self._rows:
+            rows = self.blocks[list(key)]
+            self._rows[key] = (rows["qs"].astype(np.int32), rows["d"].astype(np.float32))
+        qs, scales = self._rows[key]
+        q, d = _quantize_q8_0(hidden)
+        sums = np.einsum("tbk,bk->tb", qs, q)  # each block's integer dot product (exact)
+        return (sums.astype(np.float32) * (scales * d)).sum(axis=1, dtype=np.float32)
+
+
+def _quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's ``quantize_row_q8_0`` (x86 kernels): per block of 32, the scale max|x| / 127 kept
+    as float16, and x × 127 / max|x| rounded to the nearest integer (ties to even)."""
+    blocks = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1)
+    inverse = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
+    q = np.rint(blocks * inverse[:, None]).astype(np.int32)
+    d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    return q, d
+
+
+class HeadRow:
+    """One decoded row's logits, computed for the tokens asked (``row[tokens]``)."""
+
+    __slots__ = ("head", "hidden")
+
+    def __init__(self, head: OutputHead, hidden: np.ndarray):
+        self.head, self.hidden = head, hidden
+
+    def __getitem__(self, tokens: Sequence[int]) -> np.ndarray:
+        return self.head.logits(self.hidden, tokens)
+
+
+class HiddenStates:
+    """The eval callback that stops a llama.cpp decode at the last hidden state and keeps it.
+
+    ``params(p)`` sets it on context parameters; after each ``llama_decode``, ``take()`` gives the
+    hidden states of the rows that asked for output, in batch order (llama.cpp splits a batch of
+    one row per stream, in increasing stream order, into ubatches in that same order)."""
+
+    NAME = b"result_norm"
+
+    def __init__(self, head: OutputHead):
+        import llama_cpp
+
+        self.head = head
+        lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+        name, nbytes, get = lib.ggml_get_name, lib.ggml_nbytes, lib.ggml_backend_tensor_get
+        name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        nbytes.restype, nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+        get.restype, get.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+        self._parts: list[np.ndarray] = []
+        #: Whether the decode goes on to the output layer (``verify`` compares both).
+        self.full = False
+        self.trusted = False
+        target = self.NAME
+
+        def callback(tensor: int, ask: bool, _: Any) -> bool:
+            if ask:
+                return name(tensor) == target
+            size = nbytes(tensor)
+            part = np.empty(size // 4, np.float32)
+            get(tensor, part.ctypes.data, 0, size)
+            self._parts.append(part)
+            return self.full  # False: the rest of the graph (the output layer) is not computed
+
+        self._callback = callback_type()(callback)  # kept: llama.cpp holds only its address
+
+    def params(self, params: Any) -> None:
+        params.cb_eval = self._callback
+
+    def take(self) -> list[HeadRow]:
+        """The last decode's output rows' hidden states, as rows of logits."""
+        parts, self._parts = self._parts, []
+        hidden = np.concatenate(parts).reshape(-1, self.head.n_embd) if parts else np.empty((0, self.head.n_embd), np.float32)
+        return [HeadRow(self.head, h) for h in hidden]
+
+    def verify(self, row: HeadRow, full: np.ndarray, tokens: Sequence[int]) -> bool:
+        """Trust the head if it gives llama.cpp's ``full`` logits for ``tokens`` (within ``TOLERANCE``)."""
+        self.trusted = bool(np.abs(row[tokens] - full[list(tokens)]).max() <= TOLERANCE)
+        return self.trusted
+
+
+def callback_type() -> Any:
+    import llama_cpp
+
+    return llama_cpp.ggml_backend_sched_eval_callback
+
+
+def _read_gguf(mm: Any) -> tuple[dict[bytes, Any], dict[bytes, tuple[tuple[int, ...], int, int]], int]:
+    """A GGUF file's scalar metadata, its tensors (dims, type, offset) and where their data starts."""
+    if mm[:4] != b"GGUF":
+        raise ValueError("not a GGUF file")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
+    if version < 2:
+        raise ValueError(f"GGUF version {version}")
+    off = 24
+    meta: dict[bytes, Any] = {}
+
+    def string(off: int) -> tuple[bytes, int]:
+        (n,) = struct.unpack_from("<Q", mm, off)
+        return mm[off + 8 : off + 8 + n], off + 8 + n
+
+    def skip(kind: int, off: int) -> int:
+        if kind in _FIXED:
+            return off + _FIXED[kind]
+        if kind == 8:
+            return string(off)[1]
+        if kind == 9:
+            inner, n = struct.unpack_from("<IQ", mm, off)
+            off += 12
+            if inner in _FIXED:
+                return off + n * _FIXED[inner]
+            for _ in range(n):
+                off = skip(inner, off)
+            return off
+        raise ValueError(f"GGUF value type {kind}")
+
+    scalar = {4: "<I", 5: "<i", 6: "<f", 10: "<Q", 11: "<q", 12: "<d"}
+    for _ in range(n_kv):
+        key, off = string(off)
+        (kind,) = struct.unpack_from("<I", mm, off)
+        off += 4
+        if kind in scalar:
+            (meta[key],) = struct.unpack_from(scalar[kind], mm, off)
+        off = skip(kind, off)
+    tensors = {}
+    for _ in range(n_tensors):
+        name, off = string(off)
+        (n_dims,) = struct.unpack_from("<I", mm, off)
+        dims = struct.unpack_from(f"<{n_dims}Q", mm, off + 4)
+        kind, offset = struct.unpack_from("<IQ", mm, off + 4 + 8 * n_dims)
+        off += 4 + 8 * n_dims + 12
+        tensors[name] = (tuple(int(d) for d in dims), int(kind), int(offset))
+    align = int(meta.get(b"general.alignment", 32))
+    return meta, tensors, (off + align - 1) // align * align

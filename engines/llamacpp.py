@@ -167,6 +167,8 @@ class LlamaCppEngine(EngineBase):
         self._shared: SharedContext | None = None
         self._sequences: Sequences | None = None
         self._board: tuple[Board, int, int] | None = None  # a pool's board (share_answers)
+        if spec.shared_context:  # the answers' context, made while the engine waits for its first work
+            self._shared_context().prepare()
 
     @property
     def tokens_evaluated(self) -> int | None:  # type: ignore[override]

@@ -172,6 +172,14 @@ class SharedContext:
         self.tokens_bound = 0
         self._last: list[int] = []
 
+    def prepare(self) -> None:
+        """Make the streams' context now and check its head (``engines.llamacpp_head``) on a short
+        prompt, rather than at the first prompt: an engine does it while it waits for work."""
+        if self.streams > 1 and self._sequences is None:
+            self._sequences = Sequences(self.llm, self.streams, self.llm.n_ctx(), self.llm.context_params.n_threads, flash_attention=False,
+                                        head=output_head(self.llm) if self.head else None)
+            self._sequences._evaluate(self.prompt_tokens("0"))
+
     def generate(self, batch: RequestBatch, chain: Chain, add_bos: bool = True) -> CompletionBatch:
         """The batch's answers from the exact distribution of each distinct prompt.
 
@@ -267,10 +275,9 @@ class SharedContext:
         KV); every step decodes one row in each busy stream, so the streams' nodes share the cost
         of reading the weights. A row's logits are the same whatever the other stream decodes
         (``STREAMS``)."""
-        if self._sequences is None:
-            self._sequences = Sequences(self.llm, self.streams, self.llm.n_ctx(), self.llm.context_params.n_threads, flash_attention=False,
-                                        head=output_head(self.llm) if self.head else None)
+        self.prepare()
         seq = self._sequences
+        assert seq is not None
         decoded = seq.decoded
         live: list[_Walk | None] = [None] * self.streams
         more = True  # whether ``take`` may give another prompt

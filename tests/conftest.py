@@ -118,17 +118,44 @@ SHARED = {
 }
 
 
+_GROUP_OF = {module: group for group, modules in SHARED.items() for module in modules}
+
+#: Roughly how long the longest scopes take on a worker (seconds, setup and calls, from a suite
+#: run's ``--durations``): they are handed out first, so that no long one is left for the end
+#: while the other worker idles. Other modules follow in pytest-randomly's order.
+WEIGHTS = {
+    "quickstart": 520, "vllm": 300, "tests/flows/test_deploy.py": 230, "tests/reliability/test_resume_and_readers.py": 130,
+    "tests/benchmarks/test_shared_context_smoke.py": 100, "tests/engines/test_openai.py": 100,
+    "tests/flows/test_shared_context.py": 70, "tests/reports/test_deployment_runs.py": 80, "tests/reports/test_depth_report.py": 70,
+    "tests/flows/test_temporary_api.py": 66, "tests/benchmarks/test_chaos_smoke.py": 62, "tests/engines/test_llamacpp_batch.py": 60,
+    "tests/tasks/test_personas.py": 60, "tests/reliability/test_disk_full.py": 59, "tests/reliability/test_engine_faults.py": 58,
+    "tests/engines/test_prompt_formats.py": 58, "tests/benchmarks/test_cold_start_smoke.py": 44,
+}
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit one worker runs whole: a module, or its SHARED group."""
+    module = nodeid.split("::", 1)[0]
+    return _GROUP_OF.get(module, module)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """The heaviest scopes first (``WEIGHTS``), each scope's tests kept in pytest-randomly's order."""
+    items.sort(key=lambda item: -WEIGHTS.get(scope_of(item.nodeid), 0))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scope scheduling with SHARED's groups and modules as the scopes."""
+    """xdist's scope scheduling with SHARED's groups and modules as the scopes, handed out in
+    collection order (``pytest_collection_modifyitems``: the heaviest first)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    group_of = {module: group for group, modules in SHARED.items() for module in modules}
+    config.option.loadscopereorder = False
 
     class ModulesAndSharedFixtures(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return group_of.get(module, module)
+            return scope_of(nodeid)
 
     return ModulesAndSharedFixtures(config, log)
 

@@ -61,7 +61,7 @@ class OutputHead:
         if found is None:
             return None
         dims, kind, offset = found
-        if kind != _Q8_0 or len(dims) != 2 or dims[0] != n_embd or n_embd % 32:
+        if kind != _Q8_0 or len(dims) != 2 or dims[0] != n_embd or n_embd % 32 or ggml_library() is None:
             return None
         blocks = np.frombuffer(mm, dtype=_Q8_0_BLOCK, count=dims[0] * dims[1] // 32, offset=data + offset)
         return cls(blocks.reshape(dims[1], n_embd // 32), n_embd)
@@ -111,10 +111,9 @@ class HiddenStates:
     NAME = b"result_norm"
 
     def __init__(self, head: OutputHead):
-        import llama_cpp
-
         self.head = head
-        lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+        lib = ggml_library()
+        assert lib is not None, "OutputHead.load gives no head without ggml's library"
         name, nbytes, get = lib.ggml_get_name, lib.ggml_nbytes, lib.ggml_backend_tensor_get
         name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
         nbytes.restype, nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
@@ -149,6 +148,28 @@ class HiddenStates:
         """Trust the head if it gives llama.cpp's ``full`` logits for ``tokens`` (within ``TOLERANCE``)."""
         self.trusted = bool(np.abs(row[tokens] - full[list(tokens)]).max() <= TOLERANCE)
         return self.trusted
+
+
+_GGML: list[Any] = []
+
+
+def ggml_library() -> Any:
+    """ggml's base library as llama-cpp-python ships it (for ``ggml_get_name`` and
+    ``ggml_backend_tensor_get``), or None where it is not found."""
+    if not _GGML:
+        import llama_cpp
+
+        found = None
+        for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+            path = Path(llama_cpp.__file__).parent / "lib" / name
+            if path.exists():
+                try:
+                    found = ctypes.CDLL(str(path))
+                except OSError:
+                    continue
+                break
+        _GGML.append(found)
+    return _GGML[0]
 
 
 def callback_type() -> Any:

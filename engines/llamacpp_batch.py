@@ -161,16 +161,13 @@ class Sequences:
         keep = resume_point(self._held, prompt, len(prompt))
         llama_cpp.llama_memory_seq_rm(self._memory, self.source, keep, -1)
         blocks = list(prompt_blocks(keep, len(prompt)))
-        hidden = self._hidden
-        checking = hidden is not None and not hidden.trusted and not hidden.full
-        if checking:  # the first prompt's last block also computes the full logits, to check the head against
-            hidden.full = True  # type: ignore[union-attr]
         for k, (start, end) in enumerate(blocks):  # logits for the last block's last row only (the KV is the same)
             self._decode([(t, q, self.source) for q, t in zip(range(start, end), prompt[start:end])],
                          logits=[k == len(blocks) - 1 and q == end - 1 for q in range(start, end)])
-        if checking:
+        hidden = self._hidden
+        if hidden is not None and hidden.trusted is None:  # the first prompt: check the head against the full logits
             full = self._full_row(-1)
-            hidden.full = not hidden.verify(self._outputs[self._output_of[-1]], full, np.argpartition(full, -32)[-32:])  # type: ignore[union-attr]
+            hidden.verify(self._outputs[self._output_of[-1]], full, np.argpartition(full, -32)[-32:])
         self._held, self._held_logits = list(prompt), self._row(-1)
         if not isinstance(self._held_logits, HeadRow):
             self._held_logits = self._held_logits.copy()
@@ -219,7 +216,7 @@ class Sequences:
     def _row(self, i: int) -> np.ndarray:
         """Batch row ``i``'s logits (-1: the last row): a view of the full row, or with a trusted
         ``head`` a ``HeadRow`` (index it with the tokens wanted)."""
-        if self._hidden is not None and not self._hidden.full:
+        if self._hidden is not None and self._hidden.trusted:
             return self._outputs[self._output_of[i]]  # type: ignore[return-value]
         return self._full_row(i)
 

@@ -8,7 +8,7 @@ computes the rows asked for from the model file's own output matrix, as llama.cp
 compute them: the hidden state quantized to Q8_0 blocks, integer dot products with the Q8_0
 weights, scaled by both blocks' scales. Measured against llama.cpp's own logits on Gemma 3 270M:
 within 3e-6 (logits of magnitude ~20), float summation order only
-(tests/engines/test_llamacpp_head.py); a float dot product of the dequantized weights would be
+(tests/engines/test_shared_streams.py); a float dot product of the dequantized weights would be
 off by ~0.1. Only a model whose output matrix is Q8_0 and which caps no logits takes this path
 (``OutputHead.load`` returns None otherwise), and a context checks its first row against the
 full logits before it trusts the head (``HiddenStates.verify``).
@@ -17,6 +17,7 @@ full logits before it trusts the head (``HiddenStates.verify``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import struct
 from pathlib import Path
@@ -24,13 +25,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from engines.gguf_header import read_header
+
 __all__ = ["HeadRow", "HiddenStates", "OutputHead"]
 
 #: ggml's type number of Q8_0 blocks (a float16 scale, 32 signed bytes).
 _Q8_0 = 8
 _Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
-#: GGUF metadata value types of a fixed size (bytes); 8 is a string, 9 an array.
-_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 #: A tolerance far above the head's float noise (3e-6) and far below a wrong matrix's errors (~1).
 TOLERANCE = 1e-3
 
@@ -51,19 +52,19 @@ class OutputHead:
         try:
             with open(path, "rb") as f:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            meta, tensors, data = _read_gguf(mm)
+            header = read_header(mm)
         except (OSError, ValueError, struct.error):
             return None
-        if any(key.endswith(b".final_logit_softcapping") and value for key, value in meta.items()):
+        if any(key.endswith(".final_logit_softcapping") and value for key, value in header.metadata.items()):
             return None
         # llama.cpp's choice: the output matrix, or the token embeddings where it is tied.
-        found = tensors.get(b"output.weight") or tensors.get(b"token_embd.weight")
+        found = header.tensors.get("output.weight") or header.tensors.get("token_embd.weight")
         if found is None:
             return None
         dims, kind, offset = found
         if kind != _Q8_0 or len(dims) != 2 or dims[0] != n_embd or n_embd % 32 or ggml_library() is None:
             return None
-        blocks = np.frombuffer(mm, dtype=_Q8_0_BLOCK, count=dims[0] * dims[1] // 32, offset=data + offset)
+        blocks = np.frombuffer(mm, dtype=_Q8_0_BLOCK, count=dims[0] * dims[1] // 32, offset=header.data + offset)
         return cls(blocks.reshape(dims[1], n_embd // 32), n_embd)
 
     def logits(self, hidden: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
@@ -119,9 +120,9 @@ class HiddenStates:
         nbytes.restype, nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
         get.restype, get.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
         self._parts: list[np.ndarray] = []
-        #: Whether the decode goes on to the output layer (``verify`` compares both).
-        self.full = False
-        self.trusted = False
+        #: None until ``verify`` compared the head with llama.cpp's full logits; until it is True,
+        #: every decode goes on to the output layer.
+        self.trusted: bool | None = None
         target = self.NAME
 
         def callback(tensor: int, ask: bool, _: Any) -> bool:
@@ -133,7 +134,14 @@ class HiddenStates:
             self._parts.append(part)
             return self.full  # False: the rest of the graph (the output layer) is not computed
 
-        self._callback = callback_type()(callback)  # kept: llama.cpp holds only its address
+        import llama_cpp
+
+        self._callback = llama_cpp.ggml_backend_sched_eval_callback(callback)  # kept: llama.cpp holds only its address
+
+    @property
+    def full(self) -> bool:
+        """Whether a decode computes the full logits too: until the head is checked and trusted."""
+        return self.trusted is not True
 
     def params(self, params: Any) -> None:
         params.cb_eval = self._callback
@@ -150,78 +158,17 @@ class HiddenStates:
         return self.trusted
 
 
-_GGML: list[Any] = []
-
-
+@functools.cache
 def ggml_library() -> Any:
     """ggml's base library as llama-cpp-python ships it (for ``ggml_get_name`` and
     ``ggml_backend_tensor_get``), or None where it is not found."""
-    if not _GGML:
-        import llama_cpp
-
-        found = None
-        for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
-            path = Path(llama_cpp.__file__).parent / "lib" / name
-            if path.exists():
-                try:
-                    found = ctypes.CDLL(str(path))
-                except OSError:
-                    continue
-                break
-        _GGML.append(found)
-    return _GGML[0]
-
-
-def callback_type() -> Any:
     import llama_cpp
 
-    return llama_cpp.ggml_backend_sched_eval_callback
-
-
-def _read_gguf(mm: Any) -> tuple[dict[bytes, Any], dict[bytes, tuple[tuple[int, ...], int, int]], int]:
-    """A GGUF file's scalar metadata, its tensors (dims, type, offset) and where their data starts."""
-    if mm[:4] != b"GGUF":
-        raise ValueError("not a GGUF file")
-    version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
-    if version < 2:
-        raise ValueError(f"GGUF version {version}")
-    off = 24
-    meta: dict[bytes, Any] = {}
-
-    def string(off: int) -> tuple[bytes, int]:
-        (n,) = struct.unpack_from("<Q", mm, off)
-        return mm[off + 8 : off + 8 + n], off + 8 + n
-
-    def skip(kind: int, off: int) -> int:
-        if kind in _FIXED:
-            return off + _FIXED[kind]
-        if kind == 8:
-            return string(off)[1]
-        if kind == 9:
-            inner, n = struct.unpack_from("<IQ", mm, off)
-            off += 12
-            if inner in _FIXED:
-                return off + n * _FIXED[inner]
-            for _ in range(n):
-                off = skip(inner, off)
-            return off
-        raise ValueError(f"GGUF value type {kind}")
-
-    scalar = {4: "<I", 5: "<i", 6: "<f", 10: "<Q", 11: "<q", 12: "<d"}
-    for _ in range(n_kv):
-        key, off = string(off)
-        (kind,) = struct.unpack_from("<I", mm, off)
-        off += 4
-        if kind in scalar:
-            (meta[key],) = struct.unpack_from(scalar[kind], mm, off)
-        off = skip(kind, off)
-    tensors = {}
-    for _ in range(n_tensors):
-        name, off = string(off)
-        (n_dims,) = struct.unpack_from("<I", mm, off)
-        dims = struct.unpack_from(f"<{n_dims}Q", mm, off + 4)
-        kind, offset = struct.unpack_from("<IQ", mm, off + 4 + 8 * n_dims)
-        off += 4 + 8 * n_dims + 12
-        tensors[name] = (tuple(int(d) for d in dims), int(kind), int(offset))
-    align = int(meta.get(b"general.alignment", 32))
-    return meta, tensors, (off + align - 1) // align * align
+    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        path = Path(llama_cpp.__file__).parent / "lib" / name
+        if path.exists():
+            try:
+                return ctypes.CDLL(str(path))
+            except OSError:
+                continue
+    return None

@@ -217,17 +217,18 @@ def _play_arm(
     for round_ in rounds:
         start = time.perf_counter()
         played = play_round(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
-        guesses = store.load_round(warehouse, arm.run_id, round_, personas.height)
-        result = environment(arm.run_id, round_, guesses, arm.rule)
-        groups = (
-            group_environments(arm.run_id, round_, guesses, personas.select("agent_id", "group"), arm.rule)
-            if "group" in personas.columns else None
-        )
-        seconds = time.perf_counter() - start
-        store.store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
-        _analyse(warehouse, cfg.experiment_id, arm.run_id, round_, summary)
+        with store.held(warehouse):  # the round's bookkeeping opens the file once
+            guesses = store.load_round(warehouse, arm.run_id, round_, personas.height)
+            result = environment(arm.run_id, round_, guesses, arm.rule)
+            groups = (
+                group_environments(arm.run_id, round_, guesses, personas.select("agent_id", "group"), arm.rule)
+                if "group" in personas.columns else None
+            )
+            seconds = time.perf_counter() - start
+            store.store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
+            _analyse(warehouse, cfg.experiment_id, arm.run_id, round_, summary)
+            monitor.publish_workers(warehouse, cfg.experiment_id, since)
         monitor.publish_round(arm, round_, result, seconds)
-        monitor.publish_workers(warehouse, cfg.experiment_id, since)
         summary["rounds_played"] += 1
         summary["rows_written"] += played["written"]
     complete = finished.union(rounds) >= set(range(1, arm.rule.rounds + 1))

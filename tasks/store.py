@@ -14,6 +14,7 @@ and neither does play.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,19 @@ from warehouse.store import Warehouse
 
 __all__ = [
     "StoredRound", "Warehouse", "begin_experiment", "begin_runs", "close_statuses", "commit_shards", "finish_experiment",
-    "finish_run", "finished_rounds", "load_round", "mark_interrupted", "open_warehouse", "run_row", "store_analyses", "store_groups", "store_outcome", "stored_round",
+    "finish_run", "finished_rounds", "held", "load_round", "mark_interrupted", "open_warehouse", "run_row", "store_analyses", "store_groups", "store_outcome", "stored_round",
 ]
 
 
 def open_warehouse(db: str | Path, lock_timeout_s: float | None = None) -> Warehouse:
     """The experiment's warehouse (a DuckDB file, created and migrated on first use)."""
     return Warehouse(db) if lock_timeout_s is None else Warehouse(db, lock_timeout_s=lock_timeout_s)
+
+
+def held(warehouse: Warehouse) -> AbstractContextManager[None]:
+    """The warehouse file kept open while a block of bookkeeping runs (``WarehouseFile.held``):
+    a round's reads and writes after play open it once instead of a dozen times."""
+    return warehouse.held()
 
 
 def finished_rounds(warehouse: Warehouse, run_ids: list[str], read_only: bool = False) -> dict[str, set[int]]:
@@ -81,8 +88,9 @@ def begin_experiment(
 
 def begin_runs(warehouse: Warehouse, runs: list[dict[str, Any]]) -> None:
     """Record each arm's ``runs`` row (status ``running``), as ``run_row`` makes them."""
-    for run in runs:
-        warehouse.begin_run(run)
+    with warehouse.held():
+        for run in runs:
+            warehouse.begin_run(run)
 
 
 def store_groups(warehouse: Warehouse, experiment_id: str, groups: pl.DataFrame) -> int:
@@ -132,12 +140,13 @@ class StoredRound:
 
 def stored_round(warehouse: Warehouse, run_id: str, round_: int, grouped: bool) -> StoredRound:
     """Read what play needs before round ``round_`` of ``run_id`` (``grouped``: nested environments)."""
-    return StoredRound(
-        done=warehouse.committed_agents(run_id, round_),
-        own_guesses=warehouse.own_guesses(run_id, round_) if round_ > 1 else None,
-        history=warehouse.history(run_id, round_),
-        group_history=warehouse.group_history(run_id, round_) if grouped else None,
-    )
+    with warehouse.held():
+        return StoredRound(
+            done=warehouse.committed_agents(run_id, round_),
+            own_guesses=warehouse.own_guesses(run_id, round_) if round_ > 1 else None,
+            history=warehouse.history(run_id, round_),
+            group_history=warehouse.group_history(run_id, round_) if grouped else None,
+        )
 
 
 def commit_shards(warehouse: Warehouse, finished: list[tuple[ShardJob, ShardResult]]) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from core.game import GameRule
-from warehouse.depth import RESAMPLES, Hierarchy, fit_tau, paired_test, seed_for
+from warehouse.depth import RESAMPLES, fit_tau, hierarchy_for, paired_test, seed_for
 from warehouse.store import Warehouse
 
 #: Stored with every row; rows of another method are recomputed.
@@ -122,7 +122,6 @@ def _compute(warehouse: Warehouse, experiment_id: str, by_run: dict[str, dict], 
     """The rows of one experiment's missing fits and tests, one round's guesses in memory at a time."""
     attributes = warehouse.query(
         "SELECT agent_id, attribute, value FROM persona_attributes WHERE experiment_id = ?", [experiment_id])
-    hierarchies: dict[GameRule, Hierarchy] = {}
     tau_rows: list[dict] = []
     paired_rows: list[dict] = []
     for round_ in sorted({k for _, k in fits} | {k for _, k in tests}):
@@ -134,7 +133,7 @@ def _compute(warehouse: Warehouse, experiment_id: str, by_run: dict[str, dict], 
             [round_, needed])
         for run_id in fit_runs:
             rule = _rule(by_run[run_id])
-            hierarchy = hierarchies.setdefault(rule, Hierarchy(rule))
+            hierarchy = hierarchy_for(rule)
             own = guesses.filter(pl.col("run_id") == run_id)
             groups = [(None, None, own["guess"].to_numpy())]
             if attributes.height:

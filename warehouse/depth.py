@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 from scipy import optimize, stats
@@ -124,6 +124,12 @@ class Hierarchy:
         ahead = (means - mean) * np.sign(at_max - at_zero) >= 0
         i = int(np.argmax(ahead))
         return float(optimize.brentq(lambda t: self.mean(t) - mean, taus[i - 1], taus[i], xtol=TAU_XTOL))
+
+
+@cache
+def hierarchy_for(rule: GameRule) -> Hierarchy:
+    """One ``Hierarchy`` per game in this process: its grid (~0.1 s) is built once, not every round."""
+    return Hierarchy(rule)
 
 
 def bootstrap_means(values: np.ndarray, seed: int, resamples: int = RESAMPLES) -> np.ndarray:

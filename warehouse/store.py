@@ -15,6 +15,7 @@ import polars as pl
 
 from warehouse.files import WarehouseError, WarehouseFile, frame_of
 from warehouse.validation import GuessRows, PersonaRows
+from warehouse.views import ensure_views
 
 __all__ = ["GUESS_COLUMNS", "Warehouse", "WarehouseError"]
 
@@ -115,10 +116,12 @@ class Warehouse(WarehouseFile):
                 return 0
             have = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'personas'").fetchall()}
             arrow = frame.to_arrow()
-            for column in frame.columns:
-                if column not in have:
-                    sql_type = _sql_type(frame.schema[column])
-                    con.execute(f'ALTER TABLE personas ADD COLUMN "{column}" {sql_type}')
+            added = [column for column in frame.columns if column not in have]
+            for column in added:
+                sql_type = _sql_type(frame.schema[column])
+                con.execute(f'ALTER TABLE personas ADD COLUMN "{column}" {sql_type}')
+            if added:  # the persona views list the columns (a connection held open would keep the old ones)
+                ensure_views(con)
             con.register("new_personas", arrow)
             quoted = ", ".join(f'"{c}"' for c in frame.columns)
             con.execute(f"INSERT INTO personas ({quoted}) SELECT {quoted} FROM new_personas")

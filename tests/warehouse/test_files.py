@@ -103,3 +103,30 @@ def test_export_writes_every_table_as_parquet(small, tmp_path):
 def test_export_rejects_an_unknown_format(small, tmp_path):
     result = keynes("export", "--db", str(small), "--format", "xlsx", str(tmp_path / "x"))
     assert result.returncode == 2 and "--format: 'xlsx' is not one of parquet, csv" in result.stderr
+
+
+def test_a_held_file_is_opened_once_and_free_for_other_processes_after(tmp_path, monkeypatch):
+    from warehouse.files import WarehouseFile
+    from warehouse.store import Warehouse
+
+    path = tmp_path / "held.duckdb"
+    warehouse = Warehouse(path)
+    opened = []
+    real = WarehouseFile._open
+    monkeypatch.setattr(WarehouseFile, "_open", lambda self, *a, **k: opened.append(a) or real(self, *a, **k))
+    with warehouse.held():
+        with warehouse.held():  # nested: the outer block holds
+            warehouse.begin_experiment("e", "held", {}, "h", 1, 2)
+            # A new demographic column inside the block: the persona views follow it.
+            warehouse.write_personas("e", pl.DataFrame({"agent_id": [0, 1], "education": ["a", "b"]}))
+        assert Warehouse(path).query("select attribute, count(*) n from persona_attributes group by 1").rows() == [("education", 2)]
+        assert warehouse.statuses("e") == {"running"}
+        # Another process cannot open the file while it is held…
+        blocked = subprocess.run([sys.executable, "-c", f"import duckdb; duckdb.connect({str(path)!r}, read_only=True)"],
+                                 capture_output=True, text=True)
+        assert blocked.returncode != 0 and "lock" in blocked.stderr.lower()
+    assert len(opened) == 1
+    # …and can once the block ends.
+    after = subprocess.run([sys.executable, "-c", f"import duckdb; print(duckdb.connect({str(path)!r}, read_only=True)"
+                            ".sql('select count(*) from personas').fetchall())"], capture_output=True, text=True)
+    assert after.returncode == 0 and after.stdout.strip() == "[(2,)]", after.stderr

@@ -1,6 +1,9 @@
 """`keynes serve` against a real Prefect server: a triggered run with an override, an
 interval schedule that runs by itself, and nothing left running afterwards (checked when
-the module's server is stopped, so the tests may run in any order)."""
+the module's server is stopped, so the tests may run in any order).
+
+The runs join the session's Ray (``workers.ray_address``), as a deployment on a cluster does,
+except the one Ctrl-C stops (``interrupted``): it starts its own, which must be gone with it."""
 
 from __future__ import annotations
 
@@ -77,15 +80,21 @@ def traces(marker: str) -> list[psutil.Process]:
     return [p for p in found if p.pid != os.getpid()]
 
 
+def joining(cfg: dict, ray_address: str) -> dict:
+    """``cfg`` with its runs joining the Ray at ``ray_address`` instead of starting their own."""
+    return {**cfg, "workers": {**cfg["workers"], "ray_address": ray_address}}
+
+
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, local_ray):
     """A Prefect server on a free port and `keynes serve` of two configs against it."""
     folder = tmp_path_factory.mktemp("deploy")
     # Ray's socket paths must stay short: its temp dir goes under /tmp directly.
     ray_tmp = tempfile.mkdtemp(prefix="kray-")
     configs = {}
+    ray_address = local_ray.get_runtime_context().gcs_address
     for cfg in (MANUAL, TICKER):
-        data = {**cfg, "db": str(folder / f"{cfg['name']}.duckdb")}
+        data = {**joining(cfg, ray_address), "db": str(folder / f"{cfg['name']}.duckdb")}
         configs[cfg["name"]] = folder / f"{cfg['name']}.yaml"
         configs[cfg["name"]].write_text(yaml.safe_dump(data))
     # A migrated database, as on a machine where the server has run before.
@@ -119,7 +128,7 @@ def served(tmp_path_factory):
         ticker = wait_for(lambda: _deployments(api).get("ticker"), 120, "the ticker deployment")
         _set_paused(api, ticker.id, True)
         yield {"api": api, "folder": folder, "configs": configs, "serve": serve, "ray_tmp": ray_tmp, "home": home,
-               "reports": f"http://127.0.0.1:{report_port}"}
+               "reports": f"http://127.0.0.1:{report_port}", "ray_address": ray_address}
     finally:
         codes = []
         if serve is not None:
@@ -260,7 +269,8 @@ def reporting(served):
     deployment (`reporting`) on its own runner, so ticker's schedule never holds its slot."""
     folder = served["folder"]
     config = folder / "reporting.yaml"
-    config.write_text(yaml.safe_dump({**MANUAL, "name": "reporting", "db": str(folder / "reporting.duckdb"), "report": {"enabled": True}}))
+    config.write_text(yaml.safe_dump({**joining(MANUAL, served["ray_address"]), "name": "reporting", "db": str(folder / "reporting.duckdb"),
+                                      "report": {"enabled": True}}))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(served["home"]), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=served["api"],
@@ -383,7 +393,8 @@ def interrupted(served):
     folder = served["folder"] / "interrupted"
     folder.mkdir()
     configs = []
-    for cfg in (SLOW, FILED):
+    # Only the run that Ctrl-C stops needs a Ray of its own (that serve must take down with it).
+    for cfg in (SLOW, joining(FILED, served["ray_address"])):
         configs.append(folder / f"{cfg['name']}.yaml")
         configs[-1].write_text(yaml.safe_dump({**cfg, "db": str(folder / f"{cfg['name']}.duckdb")}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != TAG}

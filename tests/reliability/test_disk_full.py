@@ -20,7 +20,7 @@ from tests.support.sql import q
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
 
-N, SHARD = 60_000, 10_000
+N, SHARD = 20_000, 4_000
 OVERRIDES = [f"population.size={N}", "game.rounds=4", "arms.engines=[{kind: simulated}]", "arms.prompts=[basic]",
              "report.enabled=false", f"workers.shard_size={SHARD}", "workers.actors=2"]
 #: What a run stores, compared between the resumed and the uninterrupted run.

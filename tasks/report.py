@@ -66,8 +66,10 @@ def report_stage(db: str, experiment_id: str, out: str) -> str:
     summary, and without a report server the page's path; return the file path."""
     from reports.export import write_reports  # Panel loads in seconds: only when a report is built
 
-    path = write_reports(db, page_file(out, experiment_id), experiment_id)[0]
-    rounds = Warehouse(db).round_summary(experiment_id)
+    warehouse = Warehouse(db)
+    with warehouse.held():  # the page's two dozen queries on one connection: the run writes nothing meanwhile
+        path = write_reports(db, page_file(out, experiment_id), experiment_id)[0]
+        rounds = warehouse.round_summary(experiment_id)
     key = artifact_key(experiment_id)
     base = report_base_url()
     live = page_url(base, experiment_id) if base else None

@@ -48,8 +48,8 @@ class DiskFullError(WarehouseError):
 #: How DuckDB reports a full file system (it names the file it could not write).
 _DISK_FULL = "No space left on device"
 
-#: The files ``WarehouseFile.held`` keeps open in this process: path → [connection, depth].
-_HELD: dict[str, list[Any]] = {}
+#: The files ``WarehouseFile.held`` keeps open in this process: path → connection.
+_HELD: dict[str, duckdb.DuckDBPyConnection] = {}
 _HELD_LOCK = threading.Lock()
 
 
@@ -90,32 +90,26 @@ class WarehouseFile:
         block opens and closes."""
         key = os.path.abspath(self.path)
         with _HELD_LOCK:
-            entry = _HELD.get(key)
-            if entry is not None:
-                entry[1] += 1
-        if entry is None:
-            with self.connect() as con:
-                with _HELD_LOCK:
-                    _HELD[key] = entry = [con, 1]
-                try:
-                    yield
-                finally:
-                    with _HELD_LOCK:
-                        del _HELD[key]
-            return
-        try:
+            outermost = key not in _HELD
+        if not outermost:  # an enclosing block holds the file
             yield
-        finally:
+            return
+        with self.connect() as con:
             with _HELD_LOCK:
-                entry[1] -= 1
+                _HELD[key] = con
+            try:
+                yield
+            finally:
+                with _HELD_LOCK:
+                    del _HELD[key]
 
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection for one unit of work; writers get the schema migrated first (inside
         ``held``: a cursor of the held connection)."""
         with _HELD_LOCK:
-            entry = _HELD.get(os.path.abspath(self.path))
-            cursor = entry[0].cursor() if entry is not None else None
+            held = _HELD.get(os.path.abspath(self.path))
+            cursor = held.cursor() if held is not None else None
         if cursor is not None:
             try:
                 yield cursor

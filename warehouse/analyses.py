@@ -1,9 +1,9 @@
 """Fill the analyses that SQL cannot compute: cognitive-hierarchy τ fits and paired tests.
 
 ``refresh`` finds committed rounds whose analyses are missing (or were computed by an older
-method), reads their valid guesses, computes them with ``warehouse.depth`` and writes the
-tables ``tau_fits`` and ``paired_tests`` — shown by the views ``cognitive_hierarchy_fit``
-and ``paired_comparisons``. With nothing missing it costs three small queries, so every
+method), counts their valid guesses by value in SQL (paired tests read them agent by agent),
+computes them with ``warehouse.depth`` and writes the tables ``tau_fits`` and ``paired_tests``
+— shown by the views ``cognitive_hierarchy_fit`` and ``paired_comparisons``. With nothing missing it costs three small queries, so every
 report build calls it. A committed round never changes, so a stored result stays true.
 """
 
@@ -13,11 +13,10 @@ from dataclasses import asdict, dataclass
 from itertools import combinations
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from core.game import GameRule
-from warehouse.depth import RESAMPLES, fit_tau, hierarchy_for, paired_test, seed_for
+from warehouse.depth import RESAMPLES, fit_tau_to_counts, hierarchy_for, paired_test, seed_for
 from warehouse.store import Warehouse
 
 #: Stored with every row; rows of another method are recomputed.
@@ -119,30 +118,32 @@ def refresh(warehouse: Warehouse, experiment_ids: list[str] | None = None) -> di
 
 def _compute(warehouse: Warehouse, experiment_id: str, by_run: dict[str, dict], fits: list[tuple[str, int]],
              tests: list[tuple[Pair, int]]) -> tuple[list[dict], list[dict]]:
-    """The rows of one experiment's missing fits and tests, one round's guesses in memory at a time."""
-    attributes = warehouse.query(
-        "SELECT agent_id, attribute, value FROM persona_attributes WHERE experiment_id = ?", [experiment_id])
+    """The rows of one experiment's missing fits and tests, a round at a time.
+
+    A fit needs only how many agents named each value: DuckDB counts them (a few hundred rows
+    for a million agents, per persona attribute too); a paired test needs each agent's two
+    guesses, read for the rounds and arms it compares.
+    """
     tau_rows: list[dict] = []
     paired_rows: list[dict] = []
     for round_ in sorted({k for _, k in fits} | {k for _, k in tests}):
-        fit_runs = [r for r, k in fits if k == round_]
+        fit_runs = sorted(r for r, k in fits if k == round_)
+        if fit_runs:
+            counts = _guess_counts(warehouse, experiment_id, round_, fit_runs)
+            for run_id in fit_runs:
+                hierarchy = hierarchy_for(_rule(by_run[run_id]))
+                own = counts.filter(pl.col("run_id") == run_id)
+                for (attribute, value), group in own.group_by("attribute", "value", maintain_order=True):
+                    result = fit_tau_to_counts(group["guess"].to_numpy(), group["n"].to_numpy(), hierarchy,
+                                               seed_for(run_id, round_, attribute, value))
+                    tau_rows.append({"run_id": run_id, "round": round_, "attribute": attribute, "value": value,
+                                     **asdict(result), "method": TAU_METHOD})
         round_tests = [p for p, k in tests if k == round_]
-        needed = sorted(set(fit_runs) | {p.run_a for p in round_tests} | {p.run_b for p in round_tests})
-        guesses = warehouse.query(
-            "SELECT run_id, agent_id, guess FROM guesses WHERE round = ? AND valid AND list_contains(?, run_id)",
-            [round_, needed])
-        for run_id in fit_runs:
-            rule = _rule(by_run[run_id])
-            hierarchy = hierarchy_for(rule)
-            own = guesses.filter(pl.col("run_id") == run_id)
-            groups = [(None, None, own["guess"].to_numpy())]
-            if attributes.height:
-                split = own.join(attributes, on="agent_id").group_by("attribute", "value").agg(pl.col("guess"))
-                groups += [(a, v, np.asarray(g, dtype=np.float64)) for a, v, g in split.sort("attribute", "value").iter_rows()]
-            for attribute, value, values in groups:
-                result = fit_tau(values, hierarchy, seed_for(run_id, round_, attribute, value))
-                tau_rows.append({"run_id": run_id, "round": round_, "attribute": attribute, "value": value,
-                                 **asdict(result), "method": TAU_METHOD})
+        if round_tests:
+            needed = sorted({p.run_a for p in round_tests} | {p.run_b for p in round_tests})
+            guesses = warehouse.query(
+                "SELECT run_id, agent_id, guess FROM guesses WHERE round = ? AND valid AND list_contains(?, run_id)",
+                [round_, needed])
         for pair in round_tests:
             joined = guesses.filter(pl.col("run_id") == pair.run_a).join(
                 guesses.filter(pl.col("run_id") == pair.run_b), on="agent_id", suffix="_b")
@@ -151,6 +152,24 @@ def _compute(warehouse: Warehouse, experiment_id: str, by_run: dict[str, dict], 
                                 "level_a": pair.level_a, "level_b": pair.level_b, **asdict(result),
                                 "method": PAIRED_METHOD})
     return tau_rows, paired_rows
+
+
+def _guess_counts(warehouse: Warehouse, experiment_id: str, round_: int, runs: list[str]) -> pl.DataFrame:
+    """Valid guesses of ``runs`` in ``round_`` counted by value: every run's whole population
+    (attribute and value null) first, then each persona attribute's values in order; within
+    each, the guesses ascending. A run with no valid guess still gets its whole-population row
+    (guess null, n 0), so its fit says so."""
+    return warehouse.query(
+        """WITH g AS (SELECT run_id, agent_id, guess FROM guesses WHERE round = ? AND valid AND list_contains(?, run_id)),
+                whole AS (SELECT r.run_id, NULL::VARCHAR AS attribute, NULL::VARCHAR AS value, g.guess,
+                                 count(g.guess) AS n
+                          FROM unnest(?::VARCHAR[]) AS r(run_id) LEFT JOIN g USING (run_id) GROUP BY ALL),
+                split AS (SELECT g.run_id, a.attribute, a.value, g.guess, count(*) AS n
+                          FROM g JOIN persona_attributes a ON a.experiment_id = ? AND a.agent_id = g.agent_id
+                          GROUP BY ALL)
+           SELECT * FROM (SELECT * FROM whole UNION ALL SELECT * FROM split)
+           ORDER BY run_id, attribute NULLS FIRST, value, guess""",
+        [round_, runs, runs, experiment_id])
 
 
 def _store(warehouse: Warehouse, fits: list[tuple[str, int]], tests: list[tuple[Pair, int]],

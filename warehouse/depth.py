@@ -136,16 +136,23 @@ def bootstrap_means(values: np.ndarray, seed: int, resamples: int = RESAMPLES) -
     """Means of ``resamples`` bootstrap resamples of ``values`` (drawn with replacement).
 
     A resample's mean depends only on how often it draws each distinct value, so resamples
-    are drawn as multinomial counts over the distinct values: the same distribution as
+    are drawn as multinomial counts over the distinct values (``bootstrap_means_of_counts``).
+    """
+    return bootstrap_means_of_counts(*np.unique(np.asarray(values, dtype=np.float64), return_counts=True), seed, resamples)
+
+
+def bootstrap_means_of_counts(distinct: np.ndarray, counts: np.ndarray, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
+    """``bootstrap_means`` of the values ``distinct`` (ascending) seen ``counts`` times each.
+
+    Resamples are multinomial counts over the distinct values: the same distribution as
     resampling agents, at a cost of distinct values (≤ 101 in an integer game), not agents,
     per resample — 100,000 agents cost what 100 do. More than ``BOOTSTRAP_BINS`` distinct
     values (real answers) are pooled into that many equal-width bins, each value replaced
     by its bin's mean: the mean is kept exactly and the variance loses at most width²/12
     (< 0.02 for [0, 100], against hundreds for spread guesses).
     """
-    values = np.asarray(values, dtype=np.float64)
-    n = len(values)
-    distinct, counts = np.unique(values, return_counts=True)
+    distinct, counts = np.asarray(distinct, dtype=np.float64), np.asarray(counts, dtype=np.int64)
+    n = int(counts.sum())
     if len(distinct) > BOOTSTRAP_BINS:
         edges = np.linspace(distinct[0], distinct[-1], BOOTSTRAP_BINS + 1)
         bins = np.clip(np.searchsorted(edges, distinct, side="right") - 1, 0, BOOTSTRAP_BINS - 1)
@@ -163,26 +170,36 @@ def bootstrap_means(values: np.ndarray, seed: int, resamples: int = RESAMPLES) -
 
 
 def fit_tau(values: np.ndarray, hierarchy: Hierarchy, seed: int, resamples: int = RESAMPLES) -> TauFit:
-    """Fit τ to the mean of ``values`` (valid guesses), with a bootstrap interval.
+    """Fit τ to the mean of ``values`` (valid guesses), with a bootstrap interval
+    (``fit_tau_to_counts`` of their distinct values and counts)."""
+    return fit_tau_to_counts(*np.unique(np.asarray(values, dtype=np.float64), return_counts=True), hierarchy, seed, resamples)
+
+
+def fit_tau_to_counts(distinct: np.ndarray, counts: np.ndarray, hierarchy: Hierarchy, seed: int,
+                      resamples: int = RESAMPLES) -> TauFit:
+    """Fit τ to the mean of valid guesses given as distinct values (ascending) and how many
+    agents named each — what SQL's ``GROUP BY guess`` returns, a few rows for a million
+    agents — with a bootstrap interval.
 
     The percentile interval of the bootstrap means is mapped through τ(mean): τ is a
     monotone function of the mean, so this is the percentile interval of the bootstrap
     τs without fitting every resample.
     """
-    values = np.asarray(values, dtype=np.float64)
+    distinct, counts = np.asarray(distinct, dtype=np.float64), np.asarray(counts, dtype=np.int64)
     low_mean, high_mean = hierarchy.means
-    if len(values) == 0:
+    n = int(counts.sum())
+    if n == 0:
         return TauFit(0, None, None, None, None, "no valid guesses", low_mean, high_mean)
-    mean = float(values.mean())
+    mean = float(counts @ distinct / n)
     tau = hierarchy.tau(mean)
     alpha = (1 - CONFIDENCE) / 2
-    lo, hi = np.quantile(bootstrap_means(values, seed, resamples), [alpha, 1 - alpha])
+    lo, hi = np.quantile(bootstrap_means_of_counts(distinct, counts, seed, resamples), [alpha, 1 - alpha])
     if hi < low_mean or lo > high_mean:  # the whole interval lies outside what CH produces
         ends = (None, None)
     else:
         a, b = hierarchy.tau(float(lo), clamp=True), hierarchy.tau(float(hi), clamp=True)
         ends = (min(a, b), max(a, b))
-    return TauFit(len(values), mean, tau, ends[0], ends[1], "fitted" if tau is not None else "no τ fits",
+    return TauFit(n, mean, tau, ends[0], ends[1], "fitted" if tau is not None else "no τ fits",
                   low_mean, high_mean)
 
 

@@ -184,11 +184,15 @@ def _persona_views(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, str]]
                          ELSE '65+' END AS age_band"""
     present = [c for c in NOT_ATTRIBUTES if c in columns]
     excluded = ", ".join(present)
+    # The attributes kept are found by a GROUP BY and a semi join: a window's count(DISTINCT)
+    # over every row took 0.58 s for a million personas, this 0.13 s.
     long = f"""
-        SELECT experiment_id, agent_id, attribute, value FROM (
-            UNPIVOT (SELECT experiment_id, agent_id, COLUMNS(* EXCLUDE ({excluded}))::VARCHAR {derived} FROM personas)
-            ON COLUMNS(* EXCLUDE (experiment_id, agent_id)) INTO NAME attribute VALUE value)
-        QUALIFY count(DISTINCT value) OVER (PARTITION BY experiment_id, attribute) <= {MAX_CATEGORIES}
+        WITH long AS (
+            SELECT experiment_id, agent_id, attribute, value FROM (
+                UNPIVOT (SELECT experiment_id, agent_id, COLUMNS(* EXCLUDE ({excluded}))::VARCHAR {derived} FROM personas)
+                ON COLUMNS(* EXCLUDE (experiment_id, agent_id)) INTO NAME attribute VALUE value)),
+        kept AS (SELECT experiment_id, attribute FROM long GROUP BY ALL HAVING count(DISTINCT value) <= {MAX_CATEGORIES})
+        SELECT long.* FROM long SEMI JOIN kept USING (experiment_id, attribute)
     """ if len(columns) > len(present) else (
         "SELECT NULL::VARCHAR AS experiment_id, NULL::BIGINT AS agent_id, NULL::VARCHAR AS attribute, "
         "NULL::VARCHAR AS value WHERE false"

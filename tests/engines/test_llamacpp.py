@@ -8,6 +8,8 @@ import re
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core.game import GameRule
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
@@ -96,6 +98,29 @@ def test_a_prompt_beyond_the_context_fails_alone(gguf):
         small.close()
     assert out.error[0] is None and re.fullmatch(number_regex(0, 100), out.text[0])
     assert out.text[1] == "" and "exceed context window" in out.error[1]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(codec="utf-8"), max_size=60) | st.text("0123456789 .,:;\n\t<>_bosBOS", max_size=60))
+def test_a_completion_prompt_has_at_most_a_token_per_byte_beyond_three(gguf, text):
+    # The context check skips the tokenizer of a bundled completion-format model when the prompts'
+    # bytes plus 3 fit (LlamaCppSpec.check_context); the bound must hold for any text, special
+    # tokens written out and byte-fallback characters included.
+    from engines.llamacpp import _UNTEXTUAL_TOKENS
+
+    counted = parse_spec({"kind": "llamacpp"}).count_tokens([text, "<bos>" + text, text + "<start_of_turn>user"])
+    assert (counted <= np.array([len(t.encode()) for t in [text, "<bos>" + text, text + "<start_of_turn>user"]]) + _UNTEXTUAL_TOKENS).all()
+
+
+def test_the_context_check_counts_exactly_when_the_bytes_do_not_settle_it(gguf, monkeypatch):
+    spec = parse_spec({"kind": "llamacpp", "n_ctx": 64})
+    with monkeypatch.context() as patched:  # bytes that settle it: no tokenizer
+        patched.setattr(type(spec), "count_tokens", lambda self, prompts: pytest.fail("counted"))
+        spec.check_context(["é" * 28], reserve=4, mode="basic")  # 56 bytes + 3 + 4 = 63
+    fits = "seven " * 10  # 60 bytes: the bound (63 + 4) says no, the count (~11 + BOS) says yes
+    spec.check_context([fits], reserve=4, mode="basic")
+    with pytest.raises(ValueError, match=r"^n_ctx: 64 tokens cannot hold the longest prompt of mode 'basic' \((\d+) tokens"):
+        spec.check_context(["word " * 70], reserve=4, mode="basic")
 
 
 def test_llama_cpp_is_built_without_amx_kernels():

@@ -186,6 +186,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
                     _play_arm(cfg, arm, plan[arm.run_id], finished.get(arm.run_id, set()), personas, warehouse, summary, since)
                 if any(plan[arm.run_id] for arm in group):
                     shutdown_pools()
+                    mark("flow: actors released")
     finally:
         shutdown_pools()
     mark("flow: played")
@@ -217,6 +218,7 @@ def _play_arm(
     for round_ in rounds:
         start = time.perf_counter()
         played = play_round(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
+        mark(f"flow: round {round_} played")
         with store.held(warehouse):  # the round's bookkeeping opens the file once
             guesses = store.load_round(warehouse, arm.run_id, round_, personas.height)
             result = environment(arm.run_id, round_, guesses, arm.rule)
@@ -228,6 +230,7 @@ def _play_arm(
             store.store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
             _analyse(warehouse, cfg.experiment_id, arm.run_id, round_, summary)
             monitor.publish_workers(warehouse, cfg.experiment_id, since)
+        mark(f"flow: round {round_} stored and analysed")
         monitor.publish_round(arm, round_, result, seconds)
         summary["rounds_played"] += 1
         summary["rows_written"] += played["written"]

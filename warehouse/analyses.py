@@ -3,8 +3,9 @@
 ``refresh`` finds committed rounds whose analyses are missing (or were computed by an older
 method), counts their valid guesses by value in SQL (paired tests read them agent by agent),
 computes them with ``warehouse.depth`` and writes the tables ``tau_fits`` and ``paired_tests``
-— shown by the views ``cognitive_hierarchy_fit`` and ``paired_comparisons``. With nothing missing it costs three small queries, so every
-report build calls it. A committed round never changes, so a stored result stays true.
+— shown by the views ``cognitive_hierarchy_fit`` and ``paired_comparisons``. With nothing
+missing it costs three small queries, so every report build calls it. A committed round never
+changes, so a stored result stays true.
 """
 
 from __future__ import annotations

@@ -138,7 +138,12 @@ def bootstrap_means(values: np.ndarray, seed: int, resamples: int = RESAMPLES) -
     A resample's mean depends only on how often it draws each distinct value, so resamples
     are drawn as multinomial counts over the distinct values (``bootstrap_means_of_counts``).
     """
-    return bootstrap_means_of_counts(*np.unique(np.asarray(values, dtype=np.float64), return_counts=True), seed, resamples)
+    return bootstrap_means_of_counts(*value_counts(values), seed, resamples)
+
+
+def value_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values (ascending) and how often each occurs: what the counted forms take."""
+    return np.unique(np.asarray(values, dtype=np.float64), return_counts=True)
 
 
 def bootstrap_means_of_counts(distinct: np.ndarray, counts: np.ndarray, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
@@ -172,7 +177,7 @@ def bootstrap_means_of_counts(distinct: np.ndarray, counts: np.ndarray, seed: in
 def fit_tau(values: np.ndarray, hierarchy: Hierarchy, seed: int, resamples: int = RESAMPLES) -> TauFit:
     """Fit τ to the mean of ``values`` (valid guesses), with a bootstrap interval
     (``fit_tau_to_counts`` of their distinct values and counts)."""
-    return fit_tau_to_counts(*np.unique(np.asarray(values, dtype=np.float64), return_counts=True), hierarchy, seed, resamples)
+    return fit_tau_to_counts(*value_counts(values), hierarchy, seed, resamples)
 
 
 def fit_tau_to_counts(distinct: np.ndarray, counts: np.ndarray, hierarchy: Hierarchy, seed: int,

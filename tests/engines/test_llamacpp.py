@@ -108,8 +108,9 @@ def test_a_completion_prompt_has_at_most_a_token_per_byte_beyond_three(gguf, tex
     # tokens written out and byte-fallback characters included.
     from engines.llamacpp import _UNTEXTUAL_TOKENS
 
-    counted = parse_spec({"kind": "llamacpp"}).count_tokens([text, "<bos>" + text, text + "<start_of_turn>user"])
-    assert (counted <= np.array([len(t.encode()) for t in [text, "<bos>" + text, text + "<start_of_turn>user"]]) + _UNTEXTUAL_TOKENS).all()
+    texts = [text, "<bos>" + text, text + "<start_of_turn>user"]
+    counted = parse_spec({"kind": "llamacpp"}).count_tokens(texts)
+    assert (counted <= np.array([len(t.encode()) for t in texts]) + _UNTEXTUAL_TOKENS).all()
 
 
 def test_the_context_check_counts_exactly_when_the_bytes_do_not_settle_it(gguf, monkeypatch):

@@ -12,10 +12,11 @@ import ipaddress
 import logging
 import os
 import signal
+import subprocess
 import threading
 import uuid
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator
 
 import ray
@@ -27,7 +28,7 @@ from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Pr
 from tasks.arms import Arm
 from tasks.timings import mark
 
-__all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "pool_size", "run_pools", "shutdown_pools", "warm_pool"]
+__all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "pool_size", "run_pools", "shutdown_pools", "stop_ray", "warm_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,33 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
                         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported to keep it on 127.0.0.1", node)
         _RAY.update(address=context.address_info.get("address"), dashboard_url=context.dashboard_url or None)
     return dict(_RAY)
+
+
+def stop_ray() -> None:
+    """``ray.shutdown``, a second sooner when this driver started the local Ray.
+
+    Ray stops its processes one after the other, each with SIGTERM and up to a second's grace:
+    the GCS goes before the autoscaler's monitor, whose SIGTERM handler then tries to write its
+    own failure to that GCS and is killed at the end of its second. A local Ray autoscales
+    nothing, so its monitor is killed first, quietly; Ray then finds it gone. A driver that
+    joined a cluster started none of its processes and only disconnects.
+    """
+    if not ray.is_initialized():
+        return
+    try:  # Ray's record of the processes it started (none when it joined a cluster)
+        from ray._private import ray_constants
+        from ray._private.worker import _global_node
+
+        monitors = _global_node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []) if _global_node else []
+    except (ImportError, AttributeError):  # another Ray's internals: its own shutdown, as it is
+        monitors = []
+    for info in monitors:
+        process = getattr(info, "process", None)
+        if process is not None and process.poll() is None:
+            process.kill()
+            with suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+    ray.shutdown()
 
 
 class WorkerPool:

@@ -66,11 +66,11 @@ def local_ray():
     """A real local Ray, told the machine's real CPU count (as ``keynes run`` starts it)."""
     import ray
 
-    from tasks.pool import ensure_ray
+    from tasks.pool import ensure_ray, stop_ray
 
     ensure_ray()
     yield ray
-    ray.shutdown()
+    stop_ray()
 
 
 #: The session's one quickstart run: the shipped config (Gemma 3 270M on llama.cpp, basic and chain

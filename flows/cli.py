@@ -134,7 +134,7 @@ def run(
         f"{len(cfg.arms_list())} arm(s) → {cfg.db}", highlight=False,
     )
     mark("cli: header")
-    from flows.temporary_api import kept_alive, start_in_background
+    from flows.temporary_api import TemporaryAPIError, kept_alive, start_in_background
 
     api_answers = start_in_background()  # Prefect's temporary API starts while Ray and the actors do
     import ray
@@ -154,11 +154,9 @@ def run(
                     mark("cli: flow returned")
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
-    except RuntimeError as exc:
-        if "ephemeral Prefect API" not in str(exc):
-            raise
-        fail(f"Prefect's temporary API did not start within {os.environ[STARTUP_TIMEOUT]} s ({STARTUP_TIMEOUT}); "
-             f"nothing was run. Give it longer, or {START_A_SERVER}")
+    except TemporaryAPIError as exc:
+        fail(f"{exc} ({STARTUP_TIMEOUT}); nothing was run. Give it longer, or {START_A_SERVER}" if exc.timed_out
+             else f"{exc}; nothing was run. Try again, or {START_A_SERVER}")
     finally:
         if ray_was_up:
             shutdown_pools()  # the actors warm_start started in the caller's Ray (none left once the flow ran)

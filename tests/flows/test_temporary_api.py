@@ -139,3 +139,19 @@ def test_a_temporary_api_killed_as_it_first_answers_and_again_mid_run_is_started
     assert stored(db, "select count(*), count(distinct (round, agent_id)) from guesses") == [(AGENTS * 3,) * 2]
     assert stored(db, "select count(*) from rounds") == [(3,)]
     assert stored(db, "select status from experiments") == [("completed",)]
+
+
+@pytest.mark.quick
+def test_the_temporary_api_is_started_with_prefects_own_command(monkeypatch):
+    """``keynes run`` starts the server itself and never imports ``prefect.server``: with the
+    command and environment Prefect's ``SubprocessASGIServer`` would use (a new Prefect that
+    starts it otherwise fails here)."""
+    import prefect.server.api.server as prefect_server
+
+    from flows.temporary_api import server_command
+
+    started = []
+    monkeypatch.setattr(prefect_server.subprocess, "Popen", lambda args, env: started.append((args, env)))
+    prefect_server.SubprocessASGIServer(8123)._run_uvicorn_command()
+    prefect_server.SubprocessASGIServer._instances.pop(8123)
+    assert server_command(8123) == started[0]

@@ -175,18 +175,20 @@ def start_in_background() -> Callable[[], None]:
 
 
 def _point_prefect_at(url: str) -> None:
-    """``PREFECT_API_URL`` for this process, its threads and its children, from now on."""
+    """``PREFECT_API_URL`` for this process, its threads and its children, from now on; and no
+    flow-run heartbeats, which only a lasting server reads (to find crashed runs: this one ends
+    with the run) and whose thread a flow's end waits for, up to a second."""
     import prefect.context
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+    global _POINTED
     os.environ["PREFECT_API_URL"] = url
     prefect.context.refresh_global_settings_context()  # what threads without a settings context read
-    if PREFECT_API_URL.value() != url:  # a caller's own settings context hides the global one
-        global _POINTED
-        _POINTED = temporary_settings(updates={PREFECT_API_URL: url})
-        _POINTED.__enter__()  # kept for the rest of the process, as the environment is
+    _POINTED = temporary_settings(updates={PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+    _POINTED.__enter__()  # kept for the rest of the process, as the environment is
 
 
+#: The settings context ``_point_prefect_at`` entered (never left).
 _POINTED = None
 
 

@@ -15,7 +15,7 @@ DEFAULTS: dict[str, str] = {
     # keynes prints its own progress; Prefect's INFO lines would bury it.
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    # Without PREFECT_API_URL the first flow starts Prefect's temporary API (~8 s here). Prefect
+    # Without PREFECT_API_URL keynes run starts Prefect's temporary API (4–8 s here). Prefect
     # gives it 20 s, which a busy laptop can miss; a run that waits longer loses nothing.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     # Under `uv run`, Ray would start its workers with `uv run` in a copy of the project: a fresh

@@ -112,7 +112,7 @@ class TemporaryAPI:
         with httpx.Client() as client:
             while time.monotonic() < deadline:
                 code = self.process.poll() if self.process else None
-                if code == PORT_TAKEN and self.port_may_move:
+                if code == PORT_TAKEN and not self.answered:
                     self.port = _free_port()
                     self.args[self.args.index("--port") + 1] = str(self.port)
                     self.start()
@@ -127,8 +127,9 @@ class TemporaryAPI:
                 time.sleep(0.05)
         raise TemporaryAPIError(f"Prefect's temporary API did not start within {timeout_s:g} s", timed_out=True)
 
-    #: Before the flow uses the server, a taken port moves it; after, it must stay where the client calls.
-    port_may_move = True
+    #: Whether it has answered (``start_in_background``'s wait): until then a taken port moves it
+    #: and the watcher leaves it alone; from then on Prefect calls it on its port.
+    answered = False
 
     def stop(self) -> None:
         process, self.process = self.process, None
@@ -167,7 +168,7 @@ def start_in_background() -> Callable[[], None]:
     def wait() -> None:
         with api.lock:
             api.wait(timeout_s)
-            api.port_may_move = False
+            api.answered = True
         _point_prefect_at(api.url)
         mark("api: answering")
 
@@ -198,7 +199,7 @@ def _watch(api: TemporaryAPI, stop: threading.Event, say: Callable[[str], None])
     while not stop.wait(POLL_S):
         with api.lock:
             process = api.process
-            if process is None or process.poll() is None:
+            if not api.answered or process is None or process.poll() is None:
                 continue
             code = process.returncode
             if stop.wait(POLL_S):  # the flow is over: the run is ending

@@ -8,7 +8,8 @@ import sys
 
 from tests.conftest import REPO
 
-#: A driver that starts Ray (its own, or joins ``argv[1]``), stops it, and says what is left.
+#: A driver that starts a local Ray and stops it, then joins the cluster ``argv[1]`` and leaves it,
+#: and says what each time left running.
 STOP = """
 import json, sys
 from flows import settings
@@ -25,26 +26,20 @@ def started_and_stopped(address):
              if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     return {"started": pids, "alive": alive, "initialized": ray.is_initialized()}
 
-address = sys.argv[1] if len(sys.argv) > 1 else None
-print(json.dumps([started_and_stopped(address) for _ in range(1 if address else 2)]))
+print(json.dumps([started_and_stopped(None), started_and_stopped(sys.argv[1])]))
 """
 
 
-def _stop(*args: str) -> list[dict]:
-    done = subprocess.run([sys.executable, "-c", STOP, *args], cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_a_local_ray_stops_whole_and_starts_again():
-    for run in _stop():  # twice in one driver: stopping leaves nothing that keeps the next start from working
-        assert {"raylet", "gcs_server", "monitor"} <= set(run["started"]), run
-        assert run["alive"] == [] and run["initialized"] is False, run
-
-
-def test_a_driver_that_joined_a_cluster_leaves_its_processes_running(local_ray):
+def test_a_local_ray_stops_whole_and_a_joined_cluster_is_left_running(local_ray):
     monitor = local_ray._private.worker._global_node.all_processes["monitor"][0].process
-    [run] = _stop(local_ray.get_runtime_context().gcs_address)
-    assert run["started"] == {} and run["initialized"] is False, run  # it started nothing, and disconnected
+    done = subprocess.run([sys.executable, "-c", STOP, local_ray.get_runtime_context().gcs_address], cwd=REPO,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    local, joined = json.loads(done.stdout.strip().splitlines()[-1])
+    # Its own Ray: every process it started is gone (the monitor first), and the driver can join another afterwards.
+    assert {"raylet", "gcs_server", "monitor"} <= set(local["started"]), local
+    assert local["alive"] == [] and local["initialized"] is False, local
+    # A cluster it joined: it started nothing and disconnected; the cluster's processes run on.
+    assert joined["started"] == {} and joined["initialized"] is False, joined
     assert monitor.poll() is None, "the cluster's monitor was stopped by a driver that only joined it"
     assert local_ray.get(local_ray.put(7)) == 7

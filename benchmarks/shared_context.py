@@ -15,7 +15,10 @@
     uv run --extra llamacpp python benchmarks/shared_context.py --sections b --agents 1000
     uv run --extra llamacpp python benchmarks/shared_context.py --sections d --agents 1000000
     uv run --extra llamacpp python benchmarks/shared_context.py --sections e --agents 1000 --per-agent 100
+    uv run --extra llamacpp python benchmarks/shared_context.py --sections e --set game.history.own_guesses=false
 
+``--set key=value`` (repeatable) goes to every ``keynes run`` of (b), (d) and (e), on both paths: for
+example (e) under another ``game.history``, which sets how many distinct prompts a round has.
 (b) and (d) start a local Ray per run, as a user's ``keynes run`` does; ``--ray-address`` joins a
 running Ray instead (a cluster, or a Ray kept up between runs: the figures then leave its start out).
 """
@@ -117,11 +120,12 @@ ROUND_WORK = """
 
 
 def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, ray_address: str | None,
-               config: str = "experiments/quickstart.yaml", prompts: str | None = "[basic]", work: list | None = None) -> tuple[float, float, float]:
+               config: str = "experiments/quickstart.yaml", prompts: str | None = "[basic]", work: list | None = None,
+               sets: tuple[str, ...] = ()) -> tuple[float, float, float]:
     """Wall seconds, peak memory (GiB, summed RSS of ``keynes run`` and every process it starts:
     Ray, the actors, Prefect's API) and their CPU seconds, of one ``keynes run`` of ``config``
     (which joins ``ray_address`` if given, else starts a local Ray). ``work``: filled with the
-    run's ``ROUND_WORK`` rows."""
+    run's ``ROUND_WORK`` rows; ``sets``: more ``--set key=value`` overrides, applied last."""
     from benchmarks.scale import MemorySampler
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,6 +138,8 @@ def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, 
             cmd += ["--set", f"arms.prompts={prompts}"]
         if ray_address:
             cmd += ["--set", f"workers.ray_address={ray_address}"]
+        for override in sets:
+            cmd += ["--set", override]
         with MemorySampler() as sampler:
             sampler.reset()
             start = time.perf_counter()
@@ -149,29 +155,30 @@ def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, 
     return wall, sampler.peak / 2**30, sampler.cpu_s
 
 
-def section_b(n: int, per_agent_n: int, actors: int, ray_address: str | None) -> None:
-    print(f"(b) 3 rounds, basic, through keynes run: {n:,} agents shared, {per_agent_n:,} per agent")
-    w1, _, c1 = keynes_run(per_agent_n, 3, False, max(1, per_agent_n // 4), actors, ray_address)
-    w2, _, c2 = keynes_run(n, 3, True, max(1, n // 4), actors, ray_address)
+def section_b(n: int, per_agent_n: int, actors: int, ray_address: str | None, sets: tuple[str, ...] = ()) -> None:
+    print(f"(b) 3 rounds, basic, through keynes run: {n:,} agents shared, {per_agent_n:,} per agent{_with(sets)}")
+    w1, _, c1 = keynes_run(per_agent_n, 3, False, max(1, per_agent_n // 4), actors, ray_address, sets=sets)
+    w2, _, c2 = keynes_run(n, 3, True, max(1, n // 4), actors, ray_address, sets=sets)
     r1, r2 = 3 * per_agent_n / w1, 3 * n / w2
     print(f"  per-agent {3 * per_agent_n:,} decisions {w1:.1f} s = {r1:.2f}/s ({c1:.0f} CPU s); "
           f"shared {3 * n:,} decisions {w2:.1f} s = {r2:.2f}/s ({c2:.0f} CPU s); ratio {r2 / r1:.1f}x")
 
 
-def section_d(n: int, actors: int, ray_address: str | None) -> None:
+def section_d(n: int, actors: int, ray_address: str | None, sets: tuple[str, ...] = ()) -> None:
     starts = "joins the running Ray; Prefect's start" if ray_address else "Ray and Prefect start"
-    print(f"(d) round 1 through keynes run, {n:,} agents, shared (whole command: {starts}, personas, actors, DuckDB)")
-    wall, peak, cpu = keynes_run(n, 1, True, max(1, n // 8), actors, ray_address)
+    print(f"(d) round 1 through keynes run, {n:,} agents, shared (whole command: {starts}, personas, actors, DuckDB){_with(sets)}")
+    wall, peak, cpu = keynes_run(n, 1, True, max(1, n // 8), actors, ray_address, sets=sets)
     print(f"  wall {wall:.1f} s, {n / wall:,.0f} decisions/s, peak memory {peak:.2f} GiB (every process), {cpu:.0f} CPU s")
 
 
-def section_e(n: int, per_agent_n: int, actors: int, ray_address: str | None, rounds: int = 5) -> None:
+def section_e(n: int, per_agent_n: int, actors: int, ray_address: str | None, rounds: int = 5,
+              sets: tuple[str, ...] = ()) -> None:
     config = "experiments/paper/five_rounds.yaml"
     print(f"(e) the paper's five-round game, {rounds} rounds ({config}: 2/3 and 5 + x/2, basic), through keynes run: "
-          f"{n:,} agents shared, {per_agent_n:,} per agent")
-    w1, _, c1 = keynes_run(per_agent_n, rounds, False, max(1, per_agent_n // 4), actors, ray_address, config, None)
+          f"{n:,} agents shared, {per_agent_n:,} per agent{_with(sets)}")
+    w1, _, c1 = keynes_run(per_agent_n, rounds, False, max(1, per_agent_n // 4), actors, ray_address, config, None, sets=sets)
     work: list = []
-    w2, _, c2 = keynes_run(n, rounds, True, max(1, n // 4), actors, ray_address, config, None, work)
+    w2, _, c2 = keynes_run(n, rounds, True, max(1, n // 4), actors, ray_address, config, None, work, sets)
     arms = 2
     d1, d2 = arms * rounds * per_agent_n, arms * rounds * n
     r1, r2 = d1 / w1, d2 / w2
@@ -181,6 +188,10 @@ def section_e(n: int, per_agent_n: int, actors: int, ray_address: str | None, ro
     for round_, decisions, distinct, evaluated, bound in work:
         print(f"    round {round_}: {decisions:>9,} {distinct:>9,} {evaluated / decisions:>9.2f} {bound / decisions:>9.2f} "
               f"{evaluated / bound:>6.2f}x")
+
+
+def _with(sets: tuple[str, ...]) -> str:
+    return "".join(f", --set {s}" for s in sets)
 
 
 def main() -> None:
@@ -193,19 +204,21 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=2, help="keynes run's actors in (b) and (d)")
     parser.add_argument("--ray-address", help="(b), (d) and (e) join this Ray instead of starting one per run")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of (e): the paper's 5 by default")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every keynes run of (b), (d) and (e), both paths (repeatable)")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for s in args.sections.split(","):
         if s == "a":
             section_a(args.agents, args.per_agent, args.threads)
         elif s == "b":
-            section_b(args.agents, args.per_agent, args.actors, args.ray_address)
+            section_b(args.agents, args.per_agent, args.actors, args.ray_address, tuple(args.sets))
         elif s == "c":
             section_c(args.cot_agents, args.threads)
         elif s == "d":
-            section_d(args.agents, args.actors, args.ray_address)
+            section_d(args.agents, args.actors, args.ray_address, tuple(args.sets))
         elif s == "e":
-            section_e(args.agents, args.per_agent, args.actors, args.ray_address, args.rounds)
+            section_e(args.agents, args.per_agent, args.actors, args.ray_address, args.rounds, tuple(args.sets))
 
 
 if __name__ == "__main__":

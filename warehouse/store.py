@@ -14,13 +14,12 @@ import numpy as np
 import polars as pl
 
 from warehouse.files import WarehouseError, WarehouseFile, frame_of
-from warehouse.validation import GuessRows, PersonaRows
 from warehouse.views import ensure_views
 
-__all__ = ["GUESS_COLUMNS", "Warehouse", "WarehouseError"]
+__all__ = ["Warehouse", "WarehouseError"]
 
-#: Column order of the guesses table.
-GUESS_COLUMNS = list(GuessRows.to_schema().columns)
+# The row models (warehouse.validation) are imported where rows are validated, not with this
+# module: pandera brings pandas (~0.6 s), and `keynes run` checks its warehouse before its first line.
 
 
 class Warehouse(WarehouseFile):
@@ -109,6 +108,8 @@ class Warehouse(WarehouseFile):
         frame = personas.with_columns(experiment_id=pl.lit(experiment_id))
         if "background" not in frame.columns:
             frame = frame.with_columns(background=pl.lit(None, pl.String))
+        from warehouse.validation import PersonaRows
+
         frame = PersonaRows.validate(frame, lazy=True)
         with self.transaction() as con:
             existing = con.execute("SELECT count(*) FROM personas WHERE experiment_id = ?", [experiment_id]).fetchall()[0][0]
@@ -162,10 +163,13 @@ class Warehouse(WarehouseFile):
         """
         if not shards:
             return 0
+        from warehouse.validation import GuessRows
+
+        columns = list(GuessRows.to_schema().columns)  # the guesses table's, in its order
         # Guesses from per-agent engines may leave out the shared-context columns: not shared.
         defaults = {"shared_prompt": pl.lit(False), "context": pl.lit(None, pl.String)}
         frame = pl.concat(
-            [g.with_columns(**{c: v for c, v in defaults.items() if c not in g.columns}).select(GUESS_COLUMNS) for g, _ in shards],
+            [g.with_columns(**{c: v for c, v in defaults.items() if c not in g.columns}).select(columns) for g, _ in shards],
             how="vertical_relaxed",
         )
         frame = GuessRows.validate(frame, lazy=True)
@@ -181,7 +185,7 @@ class Warehouse(WarehouseFile):
         with self.transaction() as con:
             con.register("new_guesses", frame.to_arrow())
             inserted = con.execute(
-                f"""INSERT INTO guesses SELECT {', '.join(GUESS_COLUMNS)} FROM new_guesses n
+                f"""INSERT INTO guesses SELECT {', '.join(columns)} FROM new_guesses n
                     WHERE NOT EXISTS (SELECT 1 FROM guesses g WHERE g.run_id = ? AND g.round = ?
                                       AND g.agent_id BETWEEN ? AND ? AND g.agent_id = n.agent_id)""",
                 [run_id, round_, low, high],

@@ -1,4 +1,5 @@
-"""`keynes sql` and `keynes --help` import what they need and nothing heavier.
+"""`keynes sql` and `keynes --help` import what they need and nothing heavier; `keynes run` prints
+its first line before the validation stack is imported.
 
 The data-frame, validation and orchestration stack (polars with pyarrow and numpy, pandas,
 pandera, Prefect, Ray) costs 0.7 s to over a second of imports before a single SELECT; the
@@ -52,3 +53,21 @@ def test_keynes_help_imports_nothing_heavy():
     modules, out = imported_by("--help")
     assert "sql" in out and "typer" in modules
     assert not modules & HEAVY, f"keynes --help imported {sorted(modules & HEAVY)}"
+
+
+def test_keynes_run_checks_its_config_and_warehouse_without_pandas(tmp_path):
+    """What ``keynes run`` does before its first line (``flows.cli.run``: the config, the
+    warehouse's check, the prompt format) leaves pandera and pandas (~0.6 s) to the rows' writes."""
+    probe = f"""
+import sys
+from flows.loading import load_config
+from flows.prompting import check_prompting
+from warehouse.store import Warehouse
+cfg = load_config("experiments/quickstart.yaml", ["db={tmp_path / 'k.duckdb'}"])
+Warehouse(cfg.db).check_writable()
+check_prompting(cfg, cfg.arms_list())
+print(sorted(name for name in ("pandera", "pandas", "prefect", "ray") if name in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -156,7 +157,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=20_000, help="Agents (population size) of each run.")
     parser.add_argument("--shard-size", type=int, default=1000, help="Agents per shard (a million agents: 50,000, as keynes' scale runs use).")
-    parser.add_argument("--repeat", type=int, default=1, help="Runs per engine, the engines taking turns; each run's figures are printed, then the best.")
+    parser.add_argument("--repeat", type=int, default=1, help="Runs per engine, the engines taking turns; each run's figures are printed, then the best and the median ratio.")
     parser.add_argument("--prefect-home", type=Path, help="A PREFECT_HOME with a migrated database (default: one made first, untimed).")
     parser.add_argument("--source", type=Path, help="Run the keynes of this source checkout (e.g. an earlier commit's `git worktree`) "
                         "instead of the installed script: python -m flows.cli with the checkout first on PYTHONPATH.")
@@ -184,6 +185,16 @@ def main() -> None:
     if args.repeat > 1:
         best = {engine: {point: min(run[engine][point] for run in runs) for point in POINTS} for engine in ENGINES}
         print_timelines(f"best of {args.repeat} (each point's earliest):", best)
+        print(ratio_summary(runs))
+
+
+def ratio_summary(runs: list[dict[str, dict[str, float]]]) -> str:
+    """Each run's walls' ratio, Gemma over simulated, and their median: on a shared machine a
+    ratio moves from run to run by more than a 10% goal, so one run, or the best points, say little."""
+    ratios = [run["gemma"]["process exit"] / run["simulated"]["process exit"] for run in runs]
+    walls = {engine: statistics.median(run[engine]["process exit"] for run in runs) for engine in ENGINES}
+    return (f"gemma/simulated per run: {', '.join(f'{r:.2f}' for r in ratios)}x; median {statistics.median(ratios):.2f}x "
+            f"(median walls: gemma {walls['gemma']:.2f} s, simulated {walls['simulated']:.2f} s)")
 
 
 if __name__ == "__main__":

@@ -69,3 +69,26 @@ def test_prefect_s_api_and_the_actors_start_before_the_flow(printed):
             assert any(f"{actor}: answered ahead" in phases for actor in actors), phases
         else:
             assert handed == [], phases
+
+
+@pytest.mark.quick
+def test_the_median_ratio_of_repeated_runs_is_of_each_run_s_walls():
+    """``--repeat N`` ends with each run's walls' ratio and their median (``ratio_summary``),
+    computed here on made-up timelines in the benchmark's own code."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    probe = """
+import sys
+sys.path.insert(0, "benchmarks")
+from cold_start import ratio_summary
+run = lambda gemma, simulated: {"gemma": {"process exit": gemma}, "simulated": {"process exit": simulated}}
+print(ratio_summary([run(11.0, 10.0), run(13.2, 11.0), run(9.0, 10.0), run(12.0, 12.0)]))
+"""
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # ratios 1.1, 1.2, 0.9, 1.0: median 1.05; walls' medians 11.5 and 10.5 (not their ratio, 1.095)
+    assert result.stdout.strip() == ("gemma/simulated per run: 1.10, 1.20, 0.90, 1.00x; median 1.05x "
+                                     "(median walls: gemma 11.50 s, simulated 10.50 s)"), result.stdout

@@ -178,7 +178,7 @@ def section_e(n: int, per_agent_n: int, actors: int, ray_address: str | None, ro
           f"{n:,} agents shared, {per_agent_n:,} per agent{_with(sets)}")
     w1, _, c1 = keynes_run(per_agent_n, rounds, False, max(1, per_agent_n // 4), actors, ray_address, config, None, sets=sets)
     work: list = []
-    w2, _, c2 = keynes_run(n, rounds, True, max(1, n // 4), actors, ray_address, config, None, work, sets)
+    w2, _, c2 = keynes_run(n, rounds, True, max(1, n // 4), actors, ray_address, config, None, work, sets=sets)
     arms = 2
     d1, d2 = arms * rounds * per_agent_n, arms * rounds * n
     r1, r2 = d1 / w1, d2 / w2

@@ -89,10 +89,13 @@ class Sequences:
 
     With ``head`` (``engines.llamacpp_head``), a decode stops at the last hidden state and a row
     gives the logits of the tokens asked only (``row[tokens]``), checked once against the full
-    logits at the first prompt (the full logits from then on if they differ)."""
+    logits at the first prompt (the full logits from then on if they differ).
+
+    ``rows``: the most rows one decode may hold (default: a prompt block, or a step of every
+    stream); larger for callers that decode several streams' blocks at once (benchmarks)."""
 
     def __init__(self, llm: Any, slots: int = SLOTS, n_ctx: int = 2048, threads: int = 1, flash_attention: bool = True,
-                 head: OutputHead | None = None):
+                 head: OutputHead | None = None, rows: int | None = None):
         import llama_cpp
 
         self.llm, self.slots, self.n_ctx = llm, slots, n_ctx
@@ -105,7 +108,7 @@ class Sequences:
         if flash_attention:
             params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         params.n_ctx = n_ctx * (slots + 1)
-        rows = max(BLOCK, slots + 1)  # a prompt block, or a step (llama.cpp sizes outputs by streams)
+        rows = max(BLOCK, slots + 1, rows or 0)  # a prompt block, or a step (llama.cpp sizes outputs by streams)
         params.n_batch = params.n_ubatch = params.n_outputs_max = rows
         params.n_seq_max = slots + 1
         params.kv_unified = False

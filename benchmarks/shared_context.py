@@ -9,7 +9,8 @@
 (e) the paper's five-round game (experiments/paper/five_rounds.yaml: 2/3 and 5 + x/2) through
     ``keynes run``, shared vs ``shared_context=false``; per round of the shared run: distinct
     prompts, tokens evaluated per decision and the lower bound (the trie of each shard's distinct
-    prompts plus one token per answer-tree node), from the ``shards`` table.
+    prompts plus one token per answer-tree node), from the ``shards`` table; then the ratio the
+    shared path could reach at that bound (benchmarks/decode_shapes.py: what a token costs).
 
     uv run --extra llamacpp python benchmarks/shared_context.py --sections a,c
     uv run --extra llamacpp python benchmarks/shared_context.py --sections b --agents 1000
@@ -188,6 +189,14 @@ def section_e(n: int, per_agent_n: int, actors: int, ray_address: str | None, ro
     for round_, decisions, distinct, evaluated, bound in work:
         print(f"    round {round_}: {decisions:>9,} {distinct:>9,} {evaluated / decisions:>9.2f} {bound / decisions:>9.2f} "
               f"{evaluated / bound:>6.2f}x")
+    evaluated, bound = sum(w[3] for w in work), sum(w[4] for w in work)
+    if evaluated and bound:
+        # The most the shared path could gain by evaluating only the bound: this run's CPU a decision, scaled
+        # by the tokens it would save (as if all of it were token work: an upper bound on the gain).
+        per_agent_ms, shared_ms = c1 / d1 * 1000, c2 / d2 * 1000
+        at_bound = shared_ms * bound / evaluated
+        print(f"  at the trie bound ({bound / evaluated:.2f} of the tokens evaluated): {at_bound:.1f} ms CPU a decision "
+              f"against the per-agent path's {per_agent_ms:.1f} ms, a ratio of at most {per_agent_ms / at_bound:.1f}x")
 
 
 def _with(sets: tuple[str, ...]) -> str:

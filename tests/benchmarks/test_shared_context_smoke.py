@@ -72,4 +72,16 @@ def test_sections_b_d_and_e_run_keynes_and_store_every_guess(session_cli):
         assert 1 <= int(prompts) <= int(n) and float(evaluated) >= float(bound) > 0, e
         assert abs(float(over) - float(evaluated) / float(bound)) < 0.02, e  # all printed to 0.01
     assert e.splitlines()[0].endswith("2 per agent, --set game.history.own_guesses=false"), e
+    # the ratio at the trie bound: the run's CPU a decision (printed above) scaled by bound / evaluated
+    c1, c2 = figures(rf"per-agent 8 decisions {NUMBER} s = {NUMBER}/s \(({NUMBER}) CPU s\); "
+                     rf"shared 16 decisions {NUMBER} s = {NUMBER}/s \(({NUMBER}) CPU s\)", e)
+    share, at_bound, per_agent, ceiling = figures(
+        rf"at the trie bound \(({NUMBER}) of the tokens evaluated\): ({NUMBER}) ms CPU a decision against the per-agent path's "
+        rf"({NUMBER}) ms, a ratio of at most ({NUMBER})x", e)
+    tokens = [(float(evaluated) * int(n), float(bound) * int(n)) for _, n, _, evaluated, bound, _ in table]
+    assert 0 < share <= 1 and abs(share - sum(b for _, b in tokens) / sum(t for t, _ in tokens)) < 0.02, e
+    # CPU s printed to 1, ms to 0.1
+    assert abs(per_agent - c1 / 8 * 1000) <= 0.5 / 8 * 1000 + 0.05, e
+    assert at_bound <= (c2 + 0.5) / 16 * 1000 + 0.05, e
+    assert ratio_of_printed(ceiling, per_agent, at_bound, half_step=0.05), e
     assert table[1][2] == table[0][2], e  # no agent's own guess in round 2's prompts: as many as round 1's

@@ -5,13 +5,20 @@ prompts of a sample of agents, rendered for every round and counted with the eng
 tokenizer), time and, when the engine config names prices, cost. Time and completion tokens
 come from a short calibration: a few sampled agents play round 1 on the configured engine,
 in this process, with their real prompts and seeds. Nothing is written to the warehouse.
+
+On an engine that answers each distinct prompt once (shared context: llama.cpp's and vLLM's
+exact distributions), time follows the prompts, not the agents: each round's distinct prompts
+(counted over the whole population; with agents told their own guesses, at most one per
+persona and possible history) times their tokens past the prefix they share (the prompt trie)
+and the answer tree's, at the calibration's seconds a token.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import polars as pl
@@ -22,7 +29,7 @@ from flows.config import ExperimentConfig
 from populations.sampler import sample
 from prompts.context import agent_variables, round_variables, shown_own_guesses
 from prompts.modes import FINAL_CUE
-from prompts.render import render
+from prompts.render import distinct_agents, render
 from tasks.arms import Arm
 
 #: Agents whose prompts are rendered and counted (evenly spread over the population).
@@ -31,6 +38,8 @@ SAMPLE = 24
 CALIBRATE = 3
 #: Characters per token where no tokenizer is at hand (OpenAI's rule of thumb for English).
 CHARS_PER_TOKEN = 4.0
+#: Distinct prompts of a round rendered to measure their trie (evenly spread over them).
+TRIE_SAMPLE = 256
 
 
 @dataclass
@@ -46,6 +55,9 @@ class ArmPlan:
     seconds: float | None
     cost: float | None
     basis: str
+    #: On the shared-context path: the distinct prompts it evaluates over all rounds (an upper
+    #: bound when agents are told their own guesses); None where every call is an agent's own.
+    distinct_prompts: float | None = None
 
     @property
     def calls(self) -> int:
@@ -58,7 +70,7 @@ class ArmPlan:
             "prompt_mode": self.arm.prompt_mode, "agents": self.agents, "rounds": self.rounds, "phases": self.phases,
             "calls": self.calls, "prompt_tokens": _round(self.prompt_tokens), "completion_tokens": _round(self.completion_tokens),
             "seconds": None if self.seconds is None else round(self.seconds, 1), "cost": None if self.cost is None else round(self.cost, 4),
-            "basis": self.basis,
+            "basis": self.basis, "distinct_prompts": _round(self.distinct_prompts),
         }
 
 
@@ -122,6 +134,21 @@ class Calibration:
     completion_tokens: float
     prompt_tokens: float  # as the engine counted them
     counted_prompt: float  # the same prompts (first phase) by ``Counter``
+    #: The shard's wall seconds and, on the shared-context path, its distinct prompts, the
+    #: tokens the engine evaluated for them (None where it does not count) and their trie's
+    #: tokens (``Counter``'s count of the characters past each one's shared prefix).
+    seconds: float = 0.0
+    distinct: int = 0
+    tokens_evaluated: int | None = None
+    trie_tokens: float = 0.0
+
+    @property
+    def node_tokens(self) -> float:
+        """Tokens a distinct prompt costs beyond its trie edges (its answer tree, the re-evaluated
+        start of its last block): what the calibration evaluated that its trie does not hold."""
+        if not self.distinct or self.tokens_evaluated is None:
+            return 0.0
+        return max(0.0, (self.tokens_evaluated - self.trie_tokens) / self.distinct)
 
 
 def calibrate(arm: Arm, seed: int, agents: pl.DataFrame, personas: pl.DataFrame, player: Any, counter: Counter) -> Calibration:
@@ -132,8 +159,77 @@ def calibrate(arm: Arm, seed: int, agents: pl.DataFrame, personas: pl.DataFrame,
     result = player.play(ShardJob(arm, seed, 1, 0, frame, shared))
     g = result.guesses
     prompts = render(arm.mode.template, shared, agent_variables(frame))
+    counted = counter(prompts)
+    distinct = 0 if result.distributions is None else int(result.distributions["context"].n_unique())
     return Calibration(g.height, float(g["latency_s"].mean()), float(g["completion_tokens"].mean()),
-                       float(g["prompt_tokens"].mean()), float(counter(prompts).mean()))
+                       float(g["prompt_tokens"].mean()), float(counted.mean()), result.seconds, distinct,
+                       result.tokens_evaluated, trie_chars(prompts) * tokens_per_char(prompts, counted))
+
+
+# ------------------------------------------------------------------------------ shared prompts
+def trie_chars(texts: Iterable[str]) -> int:
+    """The characters of the trie of ``texts``: each distinct text's past the prefix it shares
+    with the one before it, in sorted order (as the shared path evaluates them)."""
+    total, previous = 0, ""
+    for text in sorted(set(texts)):
+        total += len(text) - len(os.path.commonprefix([previous, text]))
+        previous = text
+    return total
+
+
+def tokens_per_char(texts: list[str], counted: np.ndarray) -> float:
+    chars = sum(len(t) for t in texts)
+    return float(np.sum(counted)) / chars if chars else 0.0
+
+
+def own_guesses_shown(rule: Any, round_: int) -> int:
+    """How many of an agent's own earlier guesses its prompt of ``round_`` holds."""
+    history = rule.history
+    if round_ == 1 or not history.own_guesses or history.rounds == 0:
+        return 0
+    return round_ - 1 if history.rounds == "all" else min(round_ - 1, history.rounds)
+
+
+@dataclass
+class SharedRound:
+    """What the shared-context path evaluates in one round: distinct prompts (``at_most``: a
+    bound, where agents are told their own guesses) and their tokens (trie and answer trees)."""
+
+    prompts: float
+    tokens: float
+    at_most: bool
+
+
+def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter, scale: float, node_tokens: float) -> SharedRound:
+    """Round ``round_``'s distinct prompts and tokens on the shared-context path.
+
+    Agents with equal template variables share a prompt: the personas that give distinct
+    prompts are counted over the whole population and up to ``TRIE_SAMPLE`` of them rendered for
+    the trie's size (a sample of a larger set overstates it: its prompts are further apart). With
+    own guesses shown, each persona's prompt may branch at every shown guess: at most one prompt
+    per persona and possible history (or per agent), each past its first guess its own.
+    """
+    template, n = arm.mode.template, personas.height
+    reps = distinct_agents(template, agent_variables(personas)).to_list()
+    picked = personas[[reps[i] for i in np.unique(np.linspace(0, len(reps) - 1, min(len(reps), TRIE_SAMPLE)).astype(np.int64))]]
+    shared, frame = round_inputs(arm, round_, picked, personas)
+    texts = render(template, shared, agent_variables(frame))
+    per_char = tokens_per_char(texts, counter(texts)) * scale
+    persona_tokens = trie_chars(texts) * per_char * len(reps) / len(set(texts))
+    k = own_guesses_shown(arm.rule, round_)
+    if k == 0:
+        return SharedRound(len(reps), persona_tokens + len(reps) * node_tokens, False)
+    rule = arm.rule
+    values = rule.high - rule.low + 1 if rule.integer else math.inf
+    prompts = float(min(n, len(reps) * values ** k))
+    # The same agent told another first guess: its prompt from there on is what a prompt of its own costs.
+    first = frame.head(1)
+    guesses = first["own_guesses"][0].to_list()
+    guesses[0] = rule.low if guesses[0] != rule.low else rule.high
+    other = first.with_columns(own_guesses=pl.Series([guesses], dtype=first.schema["own_guesses"]))
+    a, b = render(template, shared, agent_variables(first))[0], render(template, shared, agent_variables(other))[0]
+    tail = (len(a) - len(os.path.commonprefix([a, b]))) * per_char
+    return SharedRound(prompts, persona_tokens + (prompts - len(reps)) * tail + prompts * node_tokens, True)
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -207,11 +303,27 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
     completion_total = n * rounds * completion
     seconds = _seconds(spec, cfg, n, rounds, phases, cal, calls_per_second)
     cost = spec.price(prompt, completion_total)
+    distinct: float | None = None
     if cal is not None:
         basis = f"calibrated on {cal.agents} agent(s)" + ("" if counter.exact else ", tokens ~4 characters each")
+        if cal.distinct and phases == 1 and not calls_per_second:
+            work = [shared_round(arm, r, personas, counter, scale, cal.node_tokens) for r in range(1, rounds + 1)]
+            distinct = sum(w.prompts for w in work)
+            seconds = _shared_seconds(cfg, n, work, cal)
+            basis += f"; {'at most ' if any(w.at_most for w in work) else ''}{distinct:,.0f} distinct prompts"
     else:
         basis = "completion tokens at their maxima" + ("; time from --calls-per-second" if calls_per_second else "")
-    return ArmPlan(arm, n, rounds, phases, prompt, completion_total, seconds, cost, basis)
+    return ArmPlan(arm, n, rounds, phases, prompt, completion_total, seconds, cost, basis, distinct)
+
+
+def _shared_seconds(cfg, n: int, work: list[SharedRound], cal: Calibration) -> float:
+    """The shared-context path's time: every round's tokens at the calibration's seconds a token
+    (or its prompts at its seconds a prompt, on an engine that does not count tokens), the
+    distinct prompts shared out over the actors (each is computed once for the pool)."""
+    actors = max(1, min(cfg.workers.actors, math.ceil(n / cfg.workers.shard_size)))
+    if cal.tokens_evaluated:
+        return sum(w.tokens for w in work) * cal.seconds / cal.tokens_evaluated / actors
+    return sum(w.prompts for w in work) * cal.seconds / cal.distinct / actors
 
 
 def _seconds(spec: EngineSpec, cfg, n: int, rounds: int, phases: int, cal: Calibration | None, calls_per_second: float | None) -> float | None:

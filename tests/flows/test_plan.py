@@ -63,3 +63,27 @@ def test_the_plan_table_of_a_simulated_experiment(tmp_path):
     assert table.returncode == 0 and "6,000" in table.stdout and "calls" in table.stdout
     bad = keynes("plan", str(config), "--set", "population.size=-1")
     assert bad.returncode == 2 and "population.size" in bad.stderr
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_on_the_shared_path_time_follows_the_distinct_prompts_not_the_agents(tmp_path):
+    """100,000 Gemma agents of 5 personas, 2 rounds, basic: the shared-context path answers each
+    distinct prompt once, so the plan counts prompts (5 a round without own guesses; with them, at
+    most one per persona and possible first guess in round 2) and its time is theirs, not 200,000
+    agents' (the per-agent calibration alone would say hours)."""
+    config = tmp_path / "shared.yaml"
+    config.write_text(
+        "name: planned-shared\npopulation: {spec: education.yaml, size: 100000}\ngame: {rounds: 2}\n"
+        "arms: {engines: [{kind: llamacpp}], prompts: [basic]}\n"
+        f"workers: {{actors: 2, shard_size: 10000}}\ndb: {tmp_path / 'never.duckdb'}\n"
+    )
+    plans = {}
+    for own in ("false", "true"):
+        result = keynes("plan", str(config), "--set", f"game.history.own_guesses={own}", "--format", "json")
+        assert result.returncode == 0, result.stderr
+        (plans[own],) = json.loads(result.stdout)
+    assert plans["false"]["distinct_prompts"] == 10 and plans["false"]["basis"].endswith("; 10 distinct prompts"), plans
+    assert plans["true"]["distinct_prompts"] == 5 + 5 * 101 and plans["true"]["basis"].endswith("; at most 510 distinct prompts"), plans
+    assert 0 < plans["false"]["seconds"] < plans["true"]["seconds"] < 600, plans  # 200,000 decisions in minutes at most
+    assert not (tmp_path / "never.duckdb").exists()

@@ -1,0 +1,81 @@
+"""``keynes plan`` on the shared-context path, without a model: the distinct prompts of each round
+(exact without own guesses, a bound with them, never below what uniformly drawn guesses give),
+the trie they form, and the agents that give distinct prompts."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from core.game import GameRule, History
+from flows.loading import load_config
+from flows.plan import Counter, own_guesses_shown, shared_round, trie_chars
+from prompts.context import agent_variables
+from prompts.render import distinct_agents, render
+from tests.prompts.test_history_setting import ROUNDS, SETTINGS, distinct_contexts, population, readme_table
+
+pytestmark = pytest.mark.quick
+
+
+def arm_of(history: History, n: int = 1000):
+    cfg = load_config({"name": "p", "population": {"spec": "education.yaml", "size": n},
+                       "game": {"rounds": 5, "history": history.model_dump()},
+                       "arms": {"engines": [{"kind": "simulated"}], "prompts": ["basic"]}})
+    (arm,) = cfg.arms_list()
+    return arm
+
+
+def test_the_trie_holds_each_distinct_text_past_the_prefix_it_shares_with_the_one_before():
+    assert trie_chars([]) == 0
+    assert trie_chars(["abd", "ab", "abc", "abd"]) == 2 + 1 + 1  # ab, then c, then d
+    assert trie_chars(["b", "a"]) == 2
+
+
+def test_own_guesses_shown_follow_the_history_setting():
+    def shown(history: History) -> list[int]:
+        return [own_guesses_shown(GameRule(rounds=5, history=history), r) for r in range(1, 6)]
+
+    assert shown(History()) == [0, 1, 2, 3, 4]
+    assert shown(History(rounds=1)) == [0, 1, 1, 1, 1]
+    assert shown(History(rounds=2)) == [0, 1, 2, 2, 2]
+    assert shown(History(own_guesses=False)) == [0] * 5
+    assert shown(History(rounds=0)) == [0] * 5
+
+
+def test_distinct_agents_are_the_first_of_each_prompt():
+    personas, _ = population(1000)
+    variables = agent_variables(personas)
+    rows = distinct_agents("basic.j2", variables).to_list()
+    prompts = render("basic.j2", {"game": {"n_players": "1,000", "low": "0", "high": "100", "integer": True, "describe": "2/3 of the average",
+                                          "rounds": 1}, "round": 1, "history": []}, variables)
+    assert len(rows) == len(set(prompts)) == 5
+    assert [prompts.index(prompts[r]) for r in rows] == rows  # each the first agent with its prompt
+    # a template that uses no agent variable: one prompt, the first agent's
+    assert distinct_agents("basic.j2", pl.DataFrame({"_": [None] * 3})).to_list() == [0]
+
+
+@pytest.mark.parametrize("n", [1000, 1_000_000])
+def test_the_prompts_planned_are_never_fewer_than_uniform_guesses_give(n):
+    """The README's table counts the distinct prompts of uniformly drawn guesses (the most varied
+    answers): the plan's count is that exactly without own guesses, and a bound with them that a
+    million agents reach in rounds 2 and 3 (5 personas × 101 first guesses, × 101 second ones)."""
+    table = readme_table()
+    personas, guesses = population(n)
+    counter = Counter(arm_of(History()).engine)
+    for label, history in SETTINGS.items():
+        arm = arm_of(history, n)
+        planned = [shared_round(arm, r, personas, counter, 1.0, 0.0) for r in (1, *ROUNDS)]
+        assert planned[0].prompts == 5 and not planned[0].at_most
+        counted = table.get((label, f"{n:,}")) or table[(label, "either")]
+        assert counted == [distinct_contexts(personas, guesses, history, r) for r in ROUNDS]
+        if history.own_guesses:
+            assert all(p.at_most and p.prompts >= c for p, c in zip(planned[1:], counted)), (label, planned, counted)
+        else:
+            assert [p.prompts for p in planned[1:]] == counted and not any(p.at_most for p in planned)
+        if n == 1_000_000 and history == History():
+            assert [p.prompts for p in planned[1:3]] == counted[:2] == [505, 51_005]
+        # Every round's prompts cost tokens, and a prompt of its own costs more than a persona's.
+        assert all(p.tokens > 0 for p in planned)
+    with_own = [shared_round(arm_of(History(), n), r, personas, counter, 1.0, 0.0) for r in ROUNDS]
+    without = [shared_round(arm_of(History(own_guesses=False), n), r, personas, counter, 1.0, 0.0) for r in ROUNDS]
+    assert all(w.tokens / w.prompts > o.tokens / o.prompts for w, o in zip(with_own[1:], without[1:])), (with_own, without)

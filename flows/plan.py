@@ -86,6 +86,14 @@ def sample_agents(personas: pl.DataFrame, k: int) -> pl.DataFrame:
     return personas[np.unique(np.linspace(0, personas.height - 1, k).astype(np.int64)).tolist()]
 
 
+def backstory_placeholder(personas: pl.DataFrame, max_tokens: int) -> pl.DataFrame:
+    """Backstories are written by an LLM at run time, one per agent (seeded by it): a stand-in of
+    their token budget whose last word is the agent's id, so that every agent's prompt is its own,
+    as it will be."""
+    words = " ".join(["word"] * max(0, max_tokens - 1))
+    return personas.with_columns(background=pl.format("{} {}", pl.lit(words), pl.col("agent_id")))
+
+
 def fake_history(round_: int, rule: Any) -> list[dict[str, Any]]:
     """Outcomes of the rounds before ``round_`` as a prompt shows them, with plausible numbers
     (the mean shrinking by the ratio each round): only their length matters here."""
@@ -248,12 +256,9 @@ def plan(cfg: ExperimentConfig, samples: int = SAMPLE, calibration: int = CALIBR
     personas = sample(cfg.population.load(), cfg.population.size, cfg.seed)
     if cfg.groups is not None:
         personas = personas.with_columns(cfg.groups.assign(personas, cfg.seed))
+    if any(a.mode.needs_backstory for a in cfg.arms_list()) and "background" not in personas.columns:
+        personas = backstory_placeholder(personas, cfg.population.backstories.max_tokens)
     picked = sample_agents(personas, samples)
-    if any(a.mode.needs_backstory for a in cfg.arms_list()) and "background" not in picked.columns:
-        # Backstories are written by an LLM at run time: count a placeholder of their budget.
-        words = " ".join(["word"] * cfg.population.backstories.max_tokens)
-        personas = personas.with_columns(background=pl.lit(words))
-        picked = picked.with_columns(background=pl.lit(words))
     players: dict[str, Any] = {}
     out = []
     try:

@@ -9,7 +9,7 @@ import pytest
 
 from core.game import GameRule, History
 from flows.loading import load_config
-from flows.plan import Counter, own_guesses_shown, shared_round, trie_chars
+from flows.plan import Counter, backstory_placeholder, own_guesses_shown, shared_round, trie_chars
 from prompts.context import agent_variables
 from prompts.render import distinct_agents, render
 from tests.prompts.test_history_setting import ROUNDS, SETTINGS, distinct_contexts, population, readme_table
@@ -79,3 +79,14 @@ def test_the_prompts_planned_are_never_fewer_than_uniform_guesses_give(n):
     with_own = [shared_round(arm_of(History(), n), r, personas, counter, 1.0, 0.0) for r in ROUNDS]
     without = [shared_round(arm_of(History(own_guesses=False), n), r, personas, counter, 1.0, 0.0) for r in ROUNDS]
     assert all(w.tokens / w.prompts > o.tokens / o.prompts for w, o in zip(with_own[1:], without[1:])), (with_own, without)
+
+
+def test_with_backstories_every_agent_has_a_prompt_of_its_own():
+    """Backstories are written per agent at run time: the plan's stand-in keeps them apart."""
+    cfg = load_config({"name": "p", "population": {"spec": "education.yaml", "size": 300, "backstories": {"enabled": True}},
+                       "game": {"rounds": 2}, "arms": {"engines": [{"kind": "simulated"}], "prompts": ["background"]}})
+    (arm,) = cfg.arms_list()
+    personas = backstory_placeholder(population(300)[0], 40)
+    assert personas["background"].str.split(" ").list.len().to_list() == [40] * 300
+    rounds = [shared_round(arm, r, personas, Counter(arm.engine), 1.0, 0.0) for r in (1, 2)]
+    assert [r.prompts for r in rounds] == [300, 300], rounds

@@ -324,12 +324,19 @@ class EngineSpec(BaseModel):
 
     def predicted_seconds(
         self, agents: int, rounds: int, phases: int, actors: int, seconds_per_agent: float | None, tokens_per_agent: float | None,
+        shard_seconds_per_agent: float | None = None,
     ) -> float | None:
         """The play time of ``agents`` × ``rounds`` on ``actors`` actors, from a calibration's
-        seconds (and tokens) per agent; None without one. Engines with their own pace override it."""
-        if seconds_per_agent is None:
+        seconds (and tokens) per agent; None without one. Engines with their own pace override it.
+
+        ``seconds_per_agent`` is each agent's latency; ``shard_seconds_per_agent`` the calibration
+        shard's wall time over its agents, the cost of an agent to an engine that answers a
+        shard's agents together in its own process (llama.cpp decoding many sequences at once,
+        vLLM's batches), where every agent's latency is most of the shard's: used when given."""
+        per_agent = shard_seconds_per_agent if shard_seconds_per_agent is not None else seconds_per_agent
+        if per_agent is None:
             return None
-        return agents * rounds * seconds_per_agent / max(1, actors)
+        return agents * rounds * per_agent / max(1, actors)
 
     def price(self, prompt_tokens: float, completion_tokens: float) -> float | None:
         """What these tokens cost on this engine; None: no price configured."""

@@ -71,6 +71,7 @@ class OpenAISpec(EngineSpec):
 
     def predicted_seconds(
         self, agents: int, rounds: int, phases: int, actors: int, seconds_per_agent: float | None, tokens_per_agent: float | None,
+        shard_seconds_per_agent: float | None = None,
     ) -> float | None:
         """``concurrency`` requests in flight per actor, held to ``requests_per_minute`` and
         ``tokens_per_minute`` (the limit, not the server, may set the pace)."""

@@ -91,6 +91,7 @@ class SimulatedSpec(EngineSpec):
 
     def predicted_seconds(
         self, agents: int, rounds: int, phases: int, actors: int, seconds_per_agent: float | None, tokens_per_agent: float | None,
+        shard_seconds_per_agent: float | None = None,
     ) -> float:
         """A batched server: each actor answers waves of ``concurrency`` requests, ``latency_s`` each."""
         return rounds * phases * math.ceil(agents / (max(1, actors) * self.concurrency)) * self.latency_s

@@ -336,5 +336,7 @@ def _seconds(spec: EngineSpec, cfg, n: int, rounds: int, phases: int, cal: Calib
     if calls_per_second:
         return n * rounds * phases / calls_per_second
     actors = min(cfg.workers.actors, math.ceil(n / cfg.workers.shard_size))
-    per_agent, tokens = (cal.seconds_per_agent, cal.prompt_tokens + cal.completion_tokens) if cal else (None, None)
-    return spec.predicted_seconds(n, rounds, phases, actors, per_agent, tokens)
+    if cal is None:
+        return spec.predicted_seconds(n, rounds, phases, actors, None, None)
+    return spec.predicted_seconds(n, rounds, phases, actors, cal.seconds_per_agent, cal.prompt_tokens + cal.completion_tokens,
+                                  cal.seconds / cal.agents if cal.seconds and cal.agents else None)

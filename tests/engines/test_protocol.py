@@ -55,6 +55,12 @@ def test_specs_count_their_tokens_predict_their_time_and_price():
     # 40 agents × 2 rounds at 1 s each over 4 requests in flight: 20 s, but 60 requests/minute hold it to 80 s.
     assert openai.predicted_seconds(40, 2, 1, 1, 1.0, 100.0) == pytest.approx(80.0)
     assert parse_spec(server | {"concurrency": 4}).predicted_seconds(40, 2, 1, 1, 1.0, 100.0) == pytest.approx(20.0)
+    # ... from each request's latency, whatever the calibration shard's wall time was
+    assert parse_spec(server | {"concurrency": 4}).predicted_seconds(40, 2, 1, 1, 1.0, 100.0, 0.1) == pytest.approx(20.0)
+    # llama.cpp answers a shard's agents together: the shard's wall time over its agents, when known, not each one's latency
+    llama = parse_spec({"kind": "llamacpp"})
+    assert llama.predicted_seconds(30, 3, 2, 2, 4.7, None, 1.6) == pytest.approx(30 * 3 * 1.6 / 2)
+    assert llama.predicted_seconds(30, 3, 2, 2, 4.7, None) == pytest.approx(30 * 3 * 4.7 / 2)
 
 
 def test_a_spec_that_knows_its_window_refuses_prompts_that_do_not_fit():

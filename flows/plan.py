@@ -10,7 +10,8 @@ On an engine that answers each distinct prompt once (shared context: llama.cpp's
 exact distributions), time follows the prompts, not the agents: each round's distinct prompts
 (counted over the whole population; with agents told their own guesses, at most one per
 persona and possible history) times their tokens past the prefix they share (the prompt trie)
-and the answer tree's, at the calibration's seconds a token.
+and the answer tree's, at the calibration's seconds a token, plus each agent's own part
+(rendering, drawing and parsing its answer), timed on many agents with the prompts just computed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ CALIBRATE = 3
 CHARS_PER_TOKEN = 4.0
 #: Distinct prompts of a round rendered to measure their trie (evenly spread over them).
 TRIE_SAMPLE = 256
+#: Agents of a second calibration shard on the shared path, all with the prompts just computed:
+#: what an agent costs beyond its prompt's distribution (rendering, drawing, parsing its answer).
+BOOKKEEPING_AGENTS = 6000
 
 
 @dataclass
@@ -149,6 +153,8 @@ class Calibration:
     distinct: int = 0
     tokens_evaluated: int | None = None
     trie_tokens: float = 0.0
+    #: On the shared-context path, an agent's seconds once its prompt's distribution is known.
+    bookkeeping: float = 0.0
 
     @property
     def node_tokens(self) -> float:
@@ -169,9 +175,15 @@ def calibrate(arm: Arm, seed: int, agents: pl.DataFrame, personas: pl.DataFrame,
     prompts = render(arm.mode.template, shared, agent_variables(frame))
     counted = counter(prompts)
     distinct = 0 if result.distributions is None else int(result.distributions["context"].n_unique())
+    bookkeeping = 0.0
+    if distinct and not arm.mode.reasoning:  # the same prompts for many agents: their distributions are kept
+        copies = max(1, BOOKKEEPING_AGENTS // frame.height)
+        offset = int(personas["agent_id"].max()) + 1
+        many = pl.concat([frame.with_columns(pl.col("agent_id") + k * offset) for k in range(1, copies + 1)])
+        bookkeeping = player.play(ShardJob(arm, seed, 1, 1, many, shared)).seconds / many.height
     return Calibration(g.height, float(g["latency_s"].mean()), float(g["completion_tokens"].mean()),
                        float(g["prompt_tokens"].mean()), float(counted.mean()), result.seconds, distinct,
-                       result.tokens_evaluated, trie_chars(prompts) * tokens_per_char(prompts, counted))
+                       result.tokens_evaluated, trie_chars(prompts) * tokens_per_char(prompts, counted), bookkeeping)
 
 
 # ------------------------------------------------------------------------------ shared prompts
@@ -323,12 +335,14 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
 
 def _shared_seconds(cfg, n: int, work: list[SharedRound], cal: Calibration) -> float:
     """The shared-context path's time: every round's tokens at the calibration's seconds a token
-    (or its prompts at its seconds a prompt, on an engine that does not count tokens), the
-    distinct prompts shared out over the actors (each is computed once for the pool)."""
+    (or its prompts at its seconds a prompt, on an engine that does not count tokens), plus every
+    agent's own part (drawing, parsing: ``Calibration.bookkeeping``), shared out over the actors
+    (each distinct prompt is computed once for the pool)."""
     actors = max(1, min(cfg.workers.actors, math.ceil(n / cfg.workers.shard_size)))
+    agents = n * len(work) * cal.bookkeeping
     if cal.tokens_evaluated:
-        return sum(w.tokens for w in work) * cal.seconds / cal.tokens_evaluated / actors
-    return sum(w.prompts for w in work) * cal.seconds / cal.distinct / actors
+        return (sum(w.tokens for w in work) * cal.seconds / cal.tokens_evaluated + agents) / actors
+    return (sum(w.prompts for w in work) * cal.seconds / cal.distinct + agents) / actors
 
 
 def _seconds(spec: EngineSpec, cfg, n: int, rounds: int, phases: int, cal: Calibration | None, calls_per_second: float | None) -> float | None:

@@ -9,7 +9,7 @@ import pytest
 
 from core.game import GameRule, History
 from flows.loading import load_config
-from flows.plan import Counter, backstory_placeholder, own_guesses_shown, shared_round, trie_chars
+from flows.plan import Calibration, Counter, SharedRound, _shared_seconds, backstory_placeholder, own_guesses_shown, shared_round, trie_chars
 from prompts.context import agent_variables
 from prompts.render import distinct_agents, render
 from tests.prompts.test_history_setting import ROUNDS, SETTINGS, distinct_contexts, population, readme_table
@@ -90,3 +90,17 @@ def test_with_backstories_every_agent_has_a_prompt_of_its_own():
     assert personas["background"].str.split(" ").list.len().to_list() == [40] * 300
     rounds = [shared_round(arm, r, personas, Counter(arm.engine), 1.0, 0.0) for r in (1, 2)]
     assert [r.prompts for r in rounds] == [300, 300], rounds
+
+
+def test_shared_time_is_tokens_at_the_calibrated_rate_plus_every_agents_own_part_over_the_actors():
+    cfg = load_config({"name": "p", "population": {"size": 1_000_000}, "arms": {"engines": [{"kind": "simulated"}]},
+                       "workers": {"actors": 2, "shard_size": 50_000}})
+    cal = Calibration(agents=3, seconds_per_agent=0.2, completion_tokens=2, prompt_tokens=60, counted_prompt=60,
+                      seconds=0.3, distinct=3, tokens_evaluated=300, trie_tokens=150, bookkeeping=4e-6)
+    assert cal.node_tokens == 50  # what the calibration evaluated beyond its prompts' trie, a prompt
+    work = [SharedRound(5, 500, False), SharedRound(505, 20_000, True)]
+    # 20,500 tokens at 1 ms each, and 2 rounds of a million agents at 4 µs each, on 2 actors
+    assert _shared_seconds(cfg, 1_000_000, work, cal) == pytest.approx((20.5 + 8.0) / 2)
+    # an engine that does not count its tokens: its prompts at the calibration's 0.1 s each
+    uncounted = Calibration(3, 0.2, 2, 60, 60, seconds=0.3, distinct=3, tokens_evaluated=None, bookkeeping=4e-6)
+    assert _shared_seconds(cfg, 1_000_000, work, uncounted) == pytest.approx((510 * 0.1 + 8.0) / 2)

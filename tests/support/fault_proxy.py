@@ -83,10 +83,29 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        """Close the server, end every connection's handler, then stop and close the loop. A
+        handler left pending (a keep-alive connection waiting for its next request) would be
+        destroyed whenever the garbage collector meets it, in another test, running its
+        ``finally`` there: on Python 3.11 that can break whatever that test is compiling
+        ("AST constructor recursion depth mismatch")."""
+        if not self._thread.is_alive():
+            return
+
+        async def shutdown() -> None:
+            if self._server is not None:
+                self._server.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def __enter__(self) -> "FaultProxy":
         return self.start()
@@ -143,6 +162,8 @@ class FaultProxy:
                 event.status = status
         except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except asyncio.CancelledError:
+            return  # the proxy stops (``stop``): the connection ends here, quietly
         finally:
             if not writer.is_closing():
                 writer.close()

@@ -227,10 +227,11 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
     prompts are counted over the whole population and up to ``TRIE_SAMPLE`` of them rendered for
     the trie's size (a sample of a larger set overstates it: its prompts are further apart). With
     own guesses shown, each persona's prompt may branch at every shown guess: at most one prompt
-    per persona and possible history (or per agent), each past its first guess its own.
+    per possible history of each persona (or per agent of it), each past its first guess its own.
     """
-    template, n = arm.mode.template, personas.height
-    reps = distinct_agents(template, agent_variables(personas)).to_list()
+    template = arm.mode.template
+    groups = distinct_agents(template, agent_variables(personas))
+    reps, sizes = groups["row"].to_list(), groups["agents"].to_numpy()
     picked = personas[[reps[i] for i in np.unique(np.linspace(0, len(reps) - 1, min(len(reps), TRIE_SAMPLE)).astype(np.int64))]]
     shared, frame = round_inputs(arm, round_, picked, personas)
     texts = render(template, shared, agent_variables(frame))
@@ -241,7 +242,7 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
         return SharedRound(len(reps), persona_tokens + len(reps) * node_tokens, False)
     rule = arm.rule
     values = rule.high - rule.low + 1 if rule.integer else math.inf
-    prompts = float(min(n, len(reps) * values ** k))
+    prompts = float(np.minimum(sizes, values ** k).sum())  # each persona's agents, or its possible histories
     # The same agent told another first guess: its prompt from there on is what a prompt of its own costs.
     first = frame.head(1)
     guesses = first["own_guesses"][0].to_list()

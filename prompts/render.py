@@ -87,17 +87,17 @@ def render_distinct(path: str, shared: dict[str, Any], agents: pl.DataFrame) -> 
     return list(dict.fromkeys(_render_keyed(path, shared, agents)[2]))
 
 
-def distinct_agents(path: str, agents: pl.DataFrame) -> pl.Series:
+def distinct_agents(path: str, agents: pl.DataFrame) -> pl.DataFrame:
     """The rows of ``agents`` (template variables, as ``render`` takes them) that give the
-    distinct prompts of ``path``: the first row of each, in order (one row when the template uses
-    no agent variable). Nothing is rendered."""
+    distinct prompts of ``path``: ``row``, the first row of each, in order, and ``agents``, how
+    many rows share its prompt (one row of all when the template uses no agent variable).
+    Nothing is rendered."""
     _, used = _template(path)
     columns = [c for c in AGENT_VARIABLES if c in used and c in agents.columns]
-    rows = agents.with_row_index("_row").select("_row", *columns)
     if not columns:
-        return rows["_row"].head(1)
-    keyed = rows.with_columns(_key=pl.struct(columns).hash(seed=0))
-    return keyed.unique(subset="_key", keep="first", maintain_order=True)["_row"]
+        return pl.DataFrame({"row": [0], "agents": [agents.height]}, schema={"row": pl.UInt32, "agents": pl.UInt32})
+    keyed = agents.with_row_index("row").select("row", _key=pl.struct(columns).hash(seed=0))
+    return keyed.group_by("_key", maintain_order=True).agg(pl.col("row").first(), pl.len().alias("agents")).drop("_key")
 
 
 def _render_keyed(path: str, shared: dict[str, Any], agents: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.Series | None, list[str]]:

@@ -45,13 +45,15 @@ def test_own_guesses_shown_follow_the_history_setting():
 def test_distinct_agents_are_the_first_of_each_prompt():
     personas, _ = population(1000)
     variables = agent_variables(personas)
-    rows = distinct_agents("basic.j2", variables).to_list()
+    groups = distinct_agents("basic.j2", variables)
+    rows = groups["row"].to_list()
     prompts = render("basic.j2", {"game": {"n_players": "1,000", "low": "0", "high": "100", "integer": True, "describe": "2/3 of the average",
                                           "rounds": 1}, "round": 1, "history": []}, variables)
     assert len(rows) == len(set(prompts)) == 5
     assert [prompts.index(prompts[r]) for r in rows] == rows  # each the first agent with its prompt
-    # a template that uses no agent variable: one prompt, the first agent's
-    assert distinct_agents("basic.j2", pl.DataFrame({"_": [None] * 3})).to_list() == [0]
+    assert groups["agents"].to_list() == [prompts.count(prompts[r]) for r in rows]  # and how many share it
+    # a template that uses no agent variable: one prompt, the first agent's, everyone's
+    assert distinct_agents("basic.j2", pl.DataFrame({"_": [None] * 3})).rows() == [(0, 3)]
 
 
 @pytest.mark.parametrize("n", [1000, 1_000_000])
@@ -104,3 +106,14 @@ def test_shared_time_is_tokens_at_the_calibrated_rate_plus_every_agents_own_part
     # an engine that does not count its tokens: its prompts at the calibration's 0.1 s each
     uncounted = Calibration(3, 0.2, 2, 60, 60, seconds=0.3, distinct=3, tokens_evaluated=None, bookkeeping=4e-6)
     assert _shared_seconds(cfg, 1_000_000, work, uncounted) == pytest.approx((510 * 0.1 + 8.0) / 2)
+
+
+def test_a_persona_of_few_agents_has_no_more_prompts_than_agents():
+    """The bound is per persona: 990 agents of one persona and 10 of another have at most 101 + 10
+    prompts in round 2, not 2 × 101."""
+    personas, _ = population(1000)
+    education = ["High School"] * 990 + ["Doctorate"] * 10
+    personas = personas.with_columns(education=pl.Series(education, dtype=personas.schema["education"]))
+    arm = arm_of(History(), 1000)
+    counter = Counter(arm.engine)
+    assert [shared_round(arm, r, personas, counter, 1.0, 0.0).prompts for r in (1, 2, 3)] == [2, 101 + 10, 990 + 10]

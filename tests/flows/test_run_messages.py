@@ -5,6 +5,7 @@ a temporary Prefect API that does not start in time."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -14,10 +15,10 @@ import yaml
 from tests.conftest import REPO
 
 
-def keynes_run(config, tmp_path, *args: str, startup_timeout: int = 180) -> subprocess.CompletedProcess:
+def keynes_run(config, tmp_path, *args: str, startup_timeout: int = 180, **settings: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), KEYNES_CACHE=str(tmp_path / "cache"),
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=str(startup_timeout))
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=str(startup_timeout), **settings)
     return keynes_run_with(config, env, *args)
 
 
@@ -55,8 +56,15 @@ def test_a_temporary_prefect_api_that_starts_too_slowly_is_one_clear_line_and_ru
         "name": "late", "seed": 1, "population": {"size": 10}, "game": {"rounds": 1},
         "workers": {"actors": 1, "shard_size": 10}, "report": {"enabled": False}, "db": str(db),
     }))
-    # The API needs several seconds to start here: one second is too short.
-    late = keynes_run(config, tmp_path, startup_timeout=1)
+    # An API that cannot start in time, whatever the machine: its database is a Postgres address that
+    # accepts connections and never answers, which holds the API's start up for minutes. (Relying on
+    # the API's own few-second start raced the run's: at times it was up when the run began to wait.)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        late = keynes_run(config, tmp_path, startup_timeout=1,
+                          PREFECT_API_DATABASE_CONNECTION_URL=f"postgresql+asyncpg://keynes:keynes@127.0.0.1:{silent.getsockname()[1]}/prefect",
+                          PREFECT_API_DATABASE_CONNECTION_TIMEOUT="600", PREFECT_API_DATABASE_TIMEOUT="600")
     assert late.returncode == 2, late.stderr[-3000:]
     assert late.stderr.strip().splitlines()[-1] == (
         "error: Prefect's temporary API did not start within 1 s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); "

@@ -92,22 +92,32 @@ def distinct_agents(path: str, agents: pl.DataFrame) -> pl.DataFrame:
     distinct prompts of ``path``: ``row``, the first row of each, in order, and ``agents``, how
     many rows share its prompt (one row of all when the template uses no agent variable).
     Nothing is rendered."""
-    _, used = _template(path)
-    columns = [c for c in AGENT_VARIABLES if c in used and c in agents.columns]
+    _, columns = _keyed_by(path, agents)
     if not columns:
         return pl.DataFrame({"row": [0], "agents": [agents.height]}, schema={"row": pl.UInt32, "agents": pl.UInt32})
-    keyed = agents.with_row_index("row").select("row", _key=pl.struct(columns).hash(seed=0))
+    keyed = agents.with_row_index("row").select("row", _key=_prompt_key(columns))
     return keyed.group_by("_key", maintain_order=True).agg(pl.col("row").first(), pl.len().alias("agents")).drop("_key")
+
+
+def _keyed_by(path: str, agents: pl.DataFrame) -> tuple[jinja2.Template, list[str]]:
+    """The template and the agent variables it uses that ``agents`` holds: agents equal in
+    them share a prompt."""
+    template, used = _template(path)
+    return template, [c for c in AGENT_VARIABLES if c in used and c in agents.columns]
+
+
+def _prompt_key(columns: list[str]) -> pl.Expr:
+    """One key per distinct prompt: a hash of the agent variables it is rendered from."""
+    return pl.struct(columns).hash(seed=0)
 
 
 def _render_keyed(path: str, shared: dict[str, Any], agents: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.Series | None, list[str]]:
     """The agents' template variables keyed by a hash of them (None if the template uses none),
     the distinct keys, and the text of each."""
-    template, used = _template(path)
-    columns = [c for c in AGENT_VARIABLES if c in used and c in agents.columns]
+    template, columns = _keyed_by(path, agents)
     if not columns:
         return None, None, [template.render(**shared)]
-    keyed = agents.select(columns).with_columns(_key=pl.struct(columns).hash(seed=0))
+    keyed = agents.select(columns).with_columns(_key=_prompt_key(columns))
     distinct = keyed.unique(subset="_key", maintain_order=True)
     texts = [template.render(**shared, **row) for row in distinct.select(columns).iter_rows(named=True)]
     return keyed, distinct["_key"], texts

@@ -8,8 +8,9 @@ in this process, with their real prompts and seeds. Nothing is written to the wa
 
 On an engine that answers each distinct prompt once (shared context: llama.cpp's and vLLM's
 exact distributions), time follows the prompts, not the agents: each round's distinct prompts
-(counted over the whole population; with agents told their own guesses, at most one per
-persona and possible history) times their tokens past the prefix they share (the prompt trie)
+(counted over the whole population; with agents told their own guesses, the histories their
+agents are likely to have if every guess is drawn as the calibration's round 1 answered, never
+more than one per persona and possible history) times their tokens past the prefix they share (the prompt trie)
 and the answer tree's, at the calibration's seconds a token, plus each agent's own part
 (rendering, drawing and parsing its answer), timed on many agents with the prompts just computed.
 """
@@ -59,9 +60,11 @@ class ArmPlan:
     seconds: float | None
     cost: float | None
     basis: str
-    #: On the shared-context path: the distinct prompts it evaluates over all rounds (an upper
-    #: bound when agents are told their own guesses); None where every call is an agent's own.
+    #: On the shared-context path: the distinct prompts it evaluates over all rounds (an estimate
+    #: when agents are told their own guesses); None where every call is an agent's own.
     distinct_prompts: float | None = None
+    #: Where agents are told their own guesses: the most distinct prompts there can be.
+    distinct_prompts_at_most: float | None = None
 
     @property
     def calls(self) -> int:
@@ -75,6 +78,7 @@ class ArmPlan:
             "calls": self.calls, "prompt_tokens": _round(self.prompt_tokens), "completion_tokens": _round(self.completion_tokens),
             "seconds": None if self.seconds is None else round(self.seconds, 1), "cost": None if self.cost is None else round(self.cost, 4),
             "basis": self.basis, "distinct_prompts": _round(self.distinct_prompts),
+            "distinct_prompts_at_most": _round(self.distinct_prompts_at_most),
         }
 
 
@@ -155,6 +159,9 @@ class Calibration:
     trie_tokens: float = 0.0
     #: On the shared-context path, an agent's seconds once its prompt's distribution is known.
     bookkeeping: float = 0.0
+    #: On the shared-context path, the probabilities of one agent's answers (its calibration
+    #: agents' round-1 distributions, pooled): what the plan draws histories from.
+    answers: np.ndarray | None = None
 
     @property
     def node_tokens(self) -> float:
@@ -183,7 +190,16 @@ def calibrate(arm: Arm, seed: int, agents: pl.DataFrame, personas: pl.DataFrame,
         bookkeeping = player.play(ShardJob(arm, seed, 1, 1, many, shared)).seconds / many.height
     return Calibration(g.height, float(g["latency_s"].mean()), float(g["completion_tokens"].mean()),
                        float(g["prompt_tokens"].mean()), float(counted.mean()), result.seconds, distinct,
-                       result.tokens_evaluated, trie_chars(prompts) * tokens_per_char(prompts, counted), bookkeeping)
+                       result.tokens_evaluated, trie_chars(prompts) * tokens_per_char(prompts, counted), bookkeeping,
+                       None if result.distributions is None else pooled_answers(result.distributions))
+
+
+def pooled_answers(distributions: pl.DataFrame) -> np.ndarray:
+    """The probability of each answer of an agent drawn from ``distributions`` (rows of
+    ``answer_distributions``: each context's answers, weighted by its agents)."""
+    weights = (distributions.group_by("answer").agg((pl.col("probability") * pl.col("agents")).sum().alias("w"))
+               .sort("answer")["w"].to_numpy())  # in a fixed order: the plan's draws are seeded
+    return weights[weights > 0] / weights.sum()
 
 
 # ------------------------------------------------------------------------------ shared prompts
@@ -212,22 +228,41 @@ def own_guesses_shown(rule: Any, round_: int) -> int:
 
 @dataclass
 class SharedRound:
-    """What the shared-context path evaluates in one round: distinct prompts (``at_most``: a
-    bound, where agents are told their own guesses) and their tokens (trie and answer trees)."""
+    """What the shared-context path evaluates in one round: distinct prompts and their tokens
+    (trie and answer trees). Where agents are told their own guesses, ``at_most`` is the most
+    prompts there can be and ``prompts`` what the calibration's answers make likely (the bound
+    itself when there are none)."""
 
     prompts: float
     tokens: float
-    at_most: bool
+    at_most: float | None = None
 
 
-def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter, scale: float, node_tokens: float) -> SharedRound:
+def likely_histories(sizes: np.ndarray, answers: np.ndarray, k: int, seed: int) -> float:
+    """Distinct histories of ``k`` own guesses among each persona's agents (``sizes``) when every
+    guess is drawn from ``answers`` (one answer's probabilities), counted over one seeded draw of
+    every agent's history (the same first guesses for every ``k``: never fewer for a longer one).
+
+    The plan draws them from the calibration's round 1: later rounds' answers depend on what the
+    agents are told, so this is an estimate (and the calibration's few agents pooled spread wider
+    than each persona's own answers, on the side of more prompts)."""
+    rng = np.random.default_rng(seed)
+    history = np.repeat(np.arange(len(sizes), dtype=np.uint64), sizes.astype(np.int64))
+    for _ in range(k):  # a hash of (persona, guesses so far): 64 bits, collisions negligible
+        history = history * np.uint64(1_000_003) + rng.choice(len(answers), size=history.size, p=answers).astype(np.uint64)
+    return float(np.unique(history).size)
+
+
+def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter, scale: float, node_tokens: float,
+                 answers: np.ndarray | None = None, seed: int = 0) -> SharedRound:
     """Round ``round_``'s distinct prompts and tokens on the shared-context path.
 
     Agents with equal template variables share a prompt: the personas that give distinct
     prompts are counted over the whole population and up to ``TRIE_SAMPLE`` of them rendered for
     the trie's size (a sample of a larger set overstates it: its prompts are further apart). With
     own guesses shown, each persona's prompt may branch at every shown guess: at most one prompt
-    per possible history of each persona (or per agent of it), each past its first guess its own.
+    per possible history of each persona (or per agent of it), each past its first guess its own;
+    with ``answers`` (one answer's probabilities), as many as ``likely_histories`` draws.
     """
     template = arm.mode.template
     groups = distinct_agents(template, agent_variables(personas))
@@ -239,10 +274,11 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
     persona_tokens = trie_chars(texts) * per_char * len(reps) / len(set(texts))
     k = own_guesses_shown(arm.rule, round_)
     if k == 0:
-        return SharedRound(len(reps), persona_tokens + len(reps) * node_tokens, False)
+        return SharedRound(len(reps), persona_tokens + len(reps) * node_tokens)
     rule = arm.rule
     values = rule.high - rule.low + 1 if rule.integer else math.inf
-    prompts = float(np.minimum(sizes, values ** k).sum())  # each persona's agents, or its possible histories
+    at_most = float(np.minimum(sizes, float(values) ** k).sum())  # each persona's agents, or its possible histories
+    prompts = at_most if answers is None else min(at_most, likely_histories(sizes, answers, k, seed))
     # The same agent told another first guess: its prompt from there on is what a prompt of its own costs.
     first = frame.head(1)
     guesses = first["own_guesses"][0].to_list()
@@ -250,7 +286,7 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
     other = first.with_columns(own_guesses=pl.Series([guesses], dtype=first.schema["own_guesses"]))
     a, b = render(template, shared, agent_variables(first))[0], render(template, shared, agent_variables(other))[0]
     tail = (len(a) - len(os.path.commonprefix([a, b]))) * per_char
-    return SharedRound(prompts, persona_tokens + (prompts - len(reps)) * tail + prompts * node_tokens, True)
+    return SharedRound(prompts, persona_tokens + max(0.0, prompts - len(reps)) * tail + prompts * node_tokens, at_most)
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -322,16 +358,22 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
     seconds = _seconds(spec, cfg, n, rounds, phases, cal, calls_per_second)
     cost = spec.price(prompt, completion_total)
     distinct: float | None = None
+    at_most: float | None = None
     if cal is not None:
         basis = f"calibrated on {cal.agents} agent(s)" + ("" if counter.exact else ", tokens ~4 characters each")
         if cal.distinct and phases == 1 and not calls_per_second:
-            work = [shared_round(arm, r, personas, counter, scale, cal.node_tokens) for r in range(1, rounds + 1)]
+            work = [shared_round(arm, r, personas, counter, scale, cal.node_tokens, cal.answers, cfg.seed) for r in range(1, rounds + 1)]
             distinct = sum(w.prompts for w in work)
             seconds = _shared_seconds(cfg, n, work, cal)
-            basis += f"; {'at most ' if any(w.at_most for w in work) else ''}{distinct:,.0f} distinct prompts"
+            if any(w.at_most is not None for w in work):
+                at_most = sum(w.prompts if w.at_most is None else w.at_most for w in work)
+                likely = cal.answers is not None and round(distinct) < round(at_most)
+                basis += f"; about {distinct:,.0f} distinct prompts (at most {at_most:,.0f})" if likely else f"; at most {at_most:,.0f} distinct prompts"
+            else:
+                basis += f"; {distinct:,.0f} distinct prompts"
     else:
         basis = "completion tokens at their maxima" + ("; time from --calls-per-second" if calls_per_second else "")
-    return ArmPlan(arm, n, rounds, phases, prompt, completion_total, seconds, cost, basis, distinct)
+    return ArmPlan(arm, n, rounds, phases, prompt, completion_total, seconds, cost, basis, distinct, at_most)
 
 
 def _shared_seconds(cfg, n: int, work: list[SharedRound], cal: Calibration) -> float:

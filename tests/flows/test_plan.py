@@ -4,6 +4,7 @@ nothing written before anything runs."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,8 +14,9 @@ from tests.conftest import QUICKSTART, QUICKSTART_AGENTS, QUICKSTART_OVERRIDES, 
 from tests.support.sql import q
 
 
-def keynes(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+def keynes(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=None if env is None else os.environ | env)
 
 
 def sets(overrides: list[str]) -> list[str]:
@@ -64,18 +66,43 @@ def test_the_plan_table_of_a_simulated_experiment(tmp_path):
     # 1,000 agents × 3 rounds × 1 or 2 phases; waves of 2 actors × 100 at 1 s each.
     assert [(r["calls"], r["seconds"]) for r in rows] == [(3000, 15.0), (6000, 30.0)]
     assert not (tmp_path / "never.duckdb").exists()
-    table = keynes("plan", str(config), "--calibrate", "0")
+    table = keynes("plan", str(config), "--calibrate", "0", env={"COLUMNS": "80"})
     assert table.returncode == 0 and "6,000" in table.stdout and "calls" in table.stdout
+    lines = table.stdout.splitlines()
+    # an 80-column terminal holds every line whole; each arm's basis is a line of its own below
+    assert max(map(len, lines)) <= 80 and "…" not in table.stdout, table.stdout
+    assert "arm 0: completion tokens at their maxima" in lines and "arm 1: completion tokens at their maxima" in lines, lines
+    assert "cost" not in table.stdout  # no engine has prices: no column of dashes
     bad = keynes("plan", str(config), "--set", "population.size=-1")
     assert bad.returncode == 2 and "population.size" in bad.stderr
+
+
+def test_the_plan_table_shows_cost_where_an_engine_has_prices(tmp_path):
+    config = tmp_path / "priced.yaml"
+    config.write_text(
+        "name: priced\npopulation: {size: 100}\n"
+        "arms: {engines: [{kind: openai, base_url: 'http://127.0.0.1:1/v1', model: m, prompt_price_per_million: 2.0,"
+        " completion_price_per_million: 8.0}], prompts: [basic]}\n"
+        f"db: {tmp_path / 'never.duckdb'}\n"
+    )
+    result = keynes("plan", str(config), "--calibrate", "0", "--calls-per-second", "10", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["cost"] > 0 and row["seconds"] == row["calls"] / 10, row
+    table = keynes("plan", str(config), "--calibrate", "0", "--calls-per-second", "10", env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    assert "cost" in table.stdout and f"{row['cost']:,.4f}" in table.stdout, table.stdout
+    assert max(map(len, table.stdout.splitlines())) <= 80 and "…" not in table.stdout, table.stdout
+    assert " all " not in table.stdout  # one arm: no total row
 
 
 @pytest.mark.llm
 @pytest.mark.slow
 def test_on_the_shared_path_time_follows_the_distinct_prompts_not_the_agents(tmp_path):
     """100,000 Gemma agents of 5 personas, 2 rounds, basic: the shared-context path answers each
-    distinct prompt once, so the plan counts prompts (5 a round without own guesses; with them, at
-    most one per persona and possible first guess in round 2) and its time is theirs, not 200,000
+    distinct prompt once, so the plan counts prompts (5 a round without own guesses; with them, as
+    many first guesses as the calibration's answers make likely, at most one per persona and
+    possible first guess in round 2) and its time is theirs, not 200,000
     agents' (the per-agent calibration alone would say hours)."""
     config = tmp_path / "shared.yaml"
     config.write_text(
@@ -89,6 +116,9 @@ def test_on_the_shared_path_time_follows_the_distinct_prompts_not_the_agents(tmp
         assert result.returncode == 0, result.stderr
         (plans[own],) = json.loads(result.stdout)
     assert plans["false"]["distinct_prompts"] == 10 and plans["false"]["basis"].endswith("; 10 distinct prompts"), plans
-    assert plans["true"]["distinct_prompts"] == 5 + 5 * 101 and plans["true"]["basis"].endswith("; at most 510 distinct prompts"), plans
+    # with own guesses: about as many as Gemma's round-1 answers make likely, never more than 5 + 5 × 101
+    assert plans["false"]["distinct_prompts_at_most"] is None and plans["true"]["distinct_prompts_at_most"] == 5 + 5 * 101, plans
+    assert 10 < plans["true"]["distinct_prompts"] <= 510, plans
+    assert plans["true"]["basis"].endswith(f"; about {plans['true']['distinct_prompts']:,} distinct prompts (at most 510)"), plans
     assert 0 < plans["false"]["seconds"] < plans["true"]["seconds"] < 600, plans  # 200,000 decisions in minutes at most
     assert not (tmp_path / "never.duckdb").exists()

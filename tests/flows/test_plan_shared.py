@@ -1,15 +1,28 @@
 """``keynes plan`` on the shared-context path, without a model: the distinct prompts of each round
-(exact without own guesses, a bound with them, never below what uniformly drawn guesses give),
+(exact without own guesses; with them, a bound never below what uniformly drawn guesses give, and
+an estimate drawn from the calibration's answers that matches the prompts those guesses give),
 the trie they form, and the agents that give distinct prompts."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
 from core.game import GameRule, History
 from flows.loading import load_config
-from flows.plan import Calibration, Counter, SharedRound, _shared_seconds, backstory_placeholder, own_guesses_shown, shared_round, trie_chars
+from flows.plan import (
+    Calibration,
+    Counter,
+    SharedRound,
+    _shared_seconds,
+    backstory_placeholder,
+    likely_histories,
+    own_guesses_shown,
+    pooled_answers,
+    shared_round,
+    trie_chars,
+)
 from prompts.context import agent_variables
 from prompts.render import distinct_agents, render
 from tests.prompts.test_history_setting import ROUNDS, SETTINGS, distinct_contexts, population, readme_table
@@ -100,7 +113,7 @@ def test_shared_time_is_tokens_at_the_calibrated_rate_plus_every_agents_own_part
     cal = Calibration(agents=3, seconds_per_agent=0.2, completion_tokens=2, prompt_tokens=60, counted_prompt=60,
                       seconds=0.3, distinct=3, tokens_evaluated=300, trie_tokens=150, bookkeeping=4e-6)
     assert cal.node_tokens == 50  # what the calibration evaluated beyond its prompts' trie, a prompt
-    work = [SharedRound(5, 500, False), SharedRound(505, 20_000, True)]
+    work = [SharedRound(5, 500), SharedRound(505, 20_000, at_most=505)]
     # 20,500 tokens at 1 ms each, and 2 rounds of a million agents at 4 µs each, on 2 actors
     assert _shared_seconds(cfg, 1_000_000, work, cal) == pytest.approx((20.5 + 8.0) / 2)
     # an engine that does not count its tokens: its prompts at the calibration's 0.1 s each
@@ -117,3 +130,65 @@ def test_a_persona_of_few_agents_has_no_more_prompts_than_agents():
     arm = arm_of(History(), 1000)
     counter = Counter(arm.engine)
     assert [shared_round(arm, r, personas, counter, 1.0, 0.0).prompts for r in (1, 2, 3)] == [2, 101 + 10, 990 + 10]
+
+
+UNIFORM = np.full(101, 1 / 101)
+
+
+def test_likely_histories_are_one_seeded_draw_of_every_agents_guesses():
+    sizes = np.array([200, 300, 500])
+    # every agent names the same number: one history a persona, however long
+    assert [likely_histories(sizes, np.array([1.0]), k, 0) for k in (1, 2, 4)] == [3, 3, 3]
+    # a hundred thousand agents a persona draw every one of 101 numbers
+    assert likely_histories(np.array([100_000, 100_000]), UNIFORM, 1, 0) == 202
+    # longer histories: never fewer (the same first guesses), never more than agents or histories
+    counts = [likely_histories(sizes, UNIFORM, k, 7) for k in (1, 2, 3, 4)]
+    assert counts == sorted(counts) and counts[0] < 3 * 101 and counts[-1] <= sizes.sum(), counts
+    # one guess: the expected number of distinct values, Σ 1 - (1 - p)^n over values and personas
+    skewed = np.arange(1, 102, dtype=float) ** 3
+    skewed /= skewed.sum()
+    expected = sum((1 - (1 - skewed) ** n).sum() for n in sizes)
+    assert likely_histories(sizes, skewed, 1, 3) == pytest.approx(expected, rel=0.05)
+    assert likely_histories(sizes, skewed, 3, 5) == likely_histories(sizes, skewed, 3, 5)  # seeded
+
+
+def test_pooled_answers_weigh_each_context_by_its_agents():
+    rows = pl.DataFrame({"context": ["a", "a", "b", "b"], "answer": ["10", "20", "20", "30"], "probability": [0.5, 0.5, 0.25, 0.75],
+                         "agents": [1, 1, 3, 3]})
+    # "10": 0.5 × 1 agent; "20": 0.5 × 1 + 0.25 × 3; "30": 0.75 × 3; of 4 agents
+    assert pooled_answers(rows) == pytest.approx([0.5 / 4, 1.25 / 4, 2.25 / 4])
+    # in the answers' order whatever the rows' (the plan's draws from them are seeded)
+    assert pooled_answers(rows.reverse()).tolist() == pooled_answers(rows).tolist()
+
+
+@pytest.mark.parametrize("n", [1000, 1_000_000])
+def test_drawn_from_uniform_answers_the_estimate_is_the_readmes_count(n):
+    """The README's table renders the prompts of uniformly drawn guesses and counts them; the plan,
+    told the answers are uniform, draws histories instead of rendering prompts: the same counts
+    within 5 %, within the bound, and below it where a persona's agents repeat histories."""
+    table = readme_table()
+    personas, guesses = population(n)
+    counter = Counter(arm_of(History()).engine)
+    for label, history in SETTINGS.items():
+        if not history.own_guesses:
+            continue
+        arm = arm_of(history, n)
+        planned = [shared_round(arm, r, personas, counter, 1.0, 0.0, UNIFORM, 11) for r in ROUNDS]
+        counted = table.get((label, f"{n:,}")) or table[(label, "either")]
+        assert [p.prompts for p in planned] == pytest.approx(counted, rel=0.05), (label, planned, counted)
+        assert all(p.prompts <= p.at_most for p in planned)
+        bound = shared_round(arm, 2, personas, counter, 1.0, 0.0)
+        if n == 1000:  # ~200 agents a persona repeat some of 101 first guesses: fewer prompts, fewer tokens
+            assert planned[0].prompts < bound.prompts and planned[0].tokens < bound.tokens
+        else:  # a million agents draw every first guess of every persona: the bound itself
+            assert planned[0].prompts == bound.prompts == 505 and planned[0].tokens == bound.tokens
+
+
+def test_a_long_game_is_bounded_by_its_agents():
+    """101^14 possible histories in round 15 are far beyond any integer type: the bound is the agents."""
+    cfg = load_config({"name": "p", "population": {"spec": "education.yaml", "size": 1000}, "game": {"rounds": 15},
+                       "arms": {"engines": [{"kind": "simulated"}], "prompts": ["basic"]}})
+    (arm,) = cfg.arms_list()
+    personas, _ = population(1000)
+    last = shared_round(arm, 15, personas, Counter(arm.engine), 1.0, 0.0, UNIFORM, 1)
+    assert last.at_most == 1000 and 990 <= last.prompts <= 1000, last

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -203,9 +204,14 @@ def plan(
     if format_ == "json":
         sys.stdout.write(json.dumps(rows) + "\n")
         return
-    table = Table(show_header=True, header_style="bold", title=f"{cfg.name} ({cfg.experiment_id}): {cfg.population.size:,} agents, nothing run yet")
-    for column in ("arm", "engine / model", "prompt", "calls", "prompt tokens", "completion tokens", "time", "cost", "basis"):
-        table.add_column(column, justify="right" if column in ("calls", "prompt tokens", "completion tokens", "time", "cost") else "left")
+    # Narrow enough for an 80-column terminal: two-line headings, a cost column only where an
+    # engine has prices, and each arm's basis below the table.
+    priced = any(r["cost"] is not None for r in rows)
+    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True,
+                  title=f"{cfg.name} ({cfg.experiment_id}): {cfg.population.size:,} agents, nothing run yet")
+    for column in ("arm", "engine", "model", "prompt", "calls", "prompt\ntokens", "completion\ntokens", "time", "cost")[:9 if priced else 8]:
+        table.add_column(column, justify="left" if column in ("arm", "engine", "model", "prompt") else "right",
+                         overflow="fold" if column == "model" else "ellipsis")  # a long model name wraps, whole
 
     def num(value) -> str:
         return "–" if value is None else f"{value:,}"
@@ -217,14 +223,21 @@ def plan(
         hours, minutes = divmod(minutes, 60)
         return f"{int(hours)} h {int(minutes)} min" if hours else f"{int(minutes)} min {rest:.0f} s" if minutes else f"{rest:.1f} s"
 
+    def money(value) -> list[str]:
+        return ["–" if value is None else f"{value:,.4f}"] if priced else []
+
     for r in rows:
-        table.add_row(str(r["arm"]), f"{r['engine']} / {r['model']}", r["prompt_mode"], num(r["calls"]), num(r["prompt_tokens"]),
-                      num(r["completion_tokens"]), duration(r["seconds"]), "–" if r["cost"] is None else f"{r['cost']:,.4f}", r["basis"])
+        table.add_row(str(r["arm"]), r["engine"], r["model"], r["prompt_mode"], num(r["calls"]), num(r["prompt_tokens"]),
+                      num(r["completion_tokens"]), duration(r["seconds"]), *money(r["cost"]))
     total = lambda key: None if any(r[key] is None for r in rows) else sum(r[key] for r in rows)  # noqa: E731
-    cost = total("cost")
-    table.add_row("all", "", "", num(total("calls")), num(total("prompt_tokens")), num(total("completion_tokens")),
-                  duration(total("seconds")), "–" if cost is None else f"{cost:,.4f}", "arms run one after another", style="bold")
+    if len(rows) > 1:
+        table.add_row("all", "", "", "", num(total("calls")), num(total("prompt_tokens")), num(total("completion_tokens")),
+                      duration(total("seconds")), *money(total("cost")), style="bold")
     out.print(table)
+    for r in rows:
+        out.print(f"arm {r['arm']}: {r['basis']}", highlight=False)
+    if len(rows) > 1:
+        out.print("all: the arms run one after another", highlight=False)
 
 
 @app.command()

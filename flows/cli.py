@@ -389,12 +389,12 @@ def sql(
     elif format_ == "json":
         sys.stdout.write(rows.json() + "\n")
     else:
-        table = Table(show_header=True, header_style="bold")
-        for column in rows.columns:
-            table.add_column(column)
-        for row in rows.values:
-            table.add_row(*["" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v)) for v in row])
+        from flows.sql_table import result_table
+
+        table, notes = result_table(rows, out.width)
         out.print(table)
+        for note in notes:
+            out.print(note, markup=False, highlight=False)
 
 
 @app.command()

@@ -95,6 +95,7 @@ SQL = st.one_of(st.lists(st.sampled_from(SQL_WORDS), min_size=1, max_size=8).map
 @given(SQL, st.sampled_from(["table", "csv", "json", "xml", ""]))
 @example('select * from "[/]"', "table")  # DuckDB's message names the table: rich read it as markup (MarkupError)
 @example("--", "table")
+@example("""select '[/]' as "[bold]" """, "table")  # a value and a name that rich would read as markup (MarkupError)
 def test_keynes_sql_answers_or_says_why_in_one_line_and_never_writes(warehouse, query, format_):
     db, before = warehouse
     code, lines, _ = keynes("sql", "--db", str(db), "--format", format_, "--", query)  # "--": a query may start with "-"

@@ -602,16 +602,17 @@ def models_list() -> None:
     """
     from engines.models import MODELS, cache_dir, cached
 
-    table = Table(title=f"bundled models (cache: {cache_dir()})")
-    for column in ("model", "type", "prompt format", "size", "cached", "package (extra)", "description"):
-        table.add_column(column, justify="right" if column == "size" else "left")
+    # Narrow enough for an 80-column terminal: the names whole, each model's description below.
+    table = Table(title=f"bundled models (cache: {cache_dir()})", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    for column in ("model", "type", "prompt format", "size", "cached"):
+        table.add_column(column, justify="right" if column == "size" else "left", no_wrap=column == "model")
     for source in MODELS.values():
-        table.add_row(
-            source.name, "instruct" if source.instruct else "base", source.prompt_format,
-            f"{source.size_bytes / 1e6:.0f} MB", "yes" if cached(source) else "no",
-            f"{source.module.replace('_', '-')} ({source.extra})", source.description,
-        )
+        table.add_row(source.name, "instruct" if source.instruct else "base", source.prompt_format,
+                      f"{source.size_bytes / 1e6:.0f} MB", "yes" if cached(source) else "no")
     out.print(table)
+    for source in MODELS.values():
+        out.print(f"{source.name}: {source.description}; from the PyPI package {source.module.replace('_', '-')} "
+                  f"(extra {source.extra})", highlight=False)
 
 
 @models_app.command("prepare")

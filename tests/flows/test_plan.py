@@ -56,7 +56,7 @@ def test_the_plan_of_the_quickstart_matches_a_real_run(tmp_path, quickstart):
 def test_the_plan_table_of_a_simulated_experiment(tmp_path):
     config = tmp_path / "sim.yaml"
     config.write_text(
-        "name: planned\npopulation: {size: 1000}\ngame: {rounds: 3}\n"
+        "name: 'planned [v2]'\npopulation: {size: 1000}\ngame: {rounds: 3}\n"
         "arms: {engines: [{kind: simulated, latency_s: 1.0, concurrency: 100}], prompts: [basic, cot]}\n"
         f"workers: {{actors: 2, shard_size: 250}}\ndb: {tmp_path / 'never.duckdb'}\n"
     )
@@ -71,6 +71,7 @@ def test_the_plan_table_of_a_simulated_experiment(tmp_path):
     lines = table.stdout.splitlines()
     # an 80-column terminal holds every line whole; each arm's basis is a line of its own below
     assert max(map(len, lines)) <= 80 and "…" not in table.stdout, table.stdout
+    assert lines[0].strip().startswith("planned [v2] (planned [v2]-"), lines[0]  # the name as written, no markup
     assert "arm 0: completion tokens at their maxima" in lines and "arm 1: completion tokens at their maxima" in lines, lines
     assert "cost" not in table.stdout  # no engine has prices: no column of dashes
     bad = keynes("plan", str(config), "--set", "population.size=-1")

@@ -1,5 +1,6 @@
-"""What `keynes run` says in the terminal: a `continue` experiment that is already complete
-says so (instead of "0 round(s) played"), a bad override is one line, exit status 2, and so is
+"""What `keynes run` says in the terminal: the experiment's name as written, a `continue`
+experiment that is already complete says so (instead of "0 round(s) played"), a bad override is
+one line, exit status 2, and so is
 a temporary Prefect API that does not start in time."""
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ def test_a_complete_continue_experiment_says_so_in_the_terminal(tmp_path, sessio
     env, ray_address = session_cli  # what is said is the point, not start-up: the session's Prefect and Ray
     config = tmp_path / "once.yaml"
     config.write_text(yaml.safe_dump({
-        "name": "once", "seed": 1, "population": {"size": 10}, "game": {"rounds": 1},
+        "name": "once [v2] :x:", "seed": 1, "population": {"size": 10}, "game": {"rounds": 1},
         "workers": {"actors": 1, "shard_size": 10, "ray_address": ray_address}, "report": {"enabled": False},
         "continue": True, "db": str(tmp_path / "once.duckdb"),
     }))
     first = keynes_run_with(config, env)
     assert first.returncode == 0 and "done: 1 round(s) played, 10 guesses written" in first.stderr, first.stderr
+    # the name as it was written: no markup (a "[v2]" vanished from the header before), no emoji
+    assert first.stderr.startswith("once [v2] :x: (once [v2] :x:-"), first.stderr
     again = keynes_run_with(config, env)
     assert again.returncode == 0, again.stderr
     assert "is complete: all 1 round(s) of 1 arm(s) are in" in again.stderr and "nothing to play" in again.stderr

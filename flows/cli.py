@@ -17,6 +17,7 @@ STARTUP_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 
 import gc
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -175,12 +176,13 @@ def run(
     if summary.get("message"):  # nothing was played: say why (e.g. a `continue` experiment is complete)
         console.print(summary["message"], highlight=False)
         return
+    # Soft-wrapped: the terminal folds a long line, so the command and the path copy whole.
     console.print(
         f"done: {summary['rounds_played']} round(s) played, {summary['rows_written']:,} guesses written. "
-        f"Query them: keynes sql --db {cfg.db} \"select * from round_summary\"", highlight=False,
+        f"Query them: keynes sql --db {shlex.quote(str(cfg.db))} \"select * from round_summary\"", highlight=False, soft_wrap=True,
     )
     if summary.get("report"):
-        console.print(f"report: {summary['report']}", highlight=False)
+        console.print(f"report: {summary['report']}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -474,7 +476,8 @@ def personas(
     if warehouse is not None:
         pid = population_id(population, n, seed, settings)
         what = f"stored {stored:,} personas" if stored else "already stored"
-        console.print(f"{what} as {pid!r} in {db}. Query them: keynes sql --db {db} \"select * from personas where experiment_id = '{pid}'\"", highlight=False)
+        console.print(f"{what} as {pid!r} in {db}. Query them: keynes sql --db {shlex.quote(str(db))} "
+                      f"\"select * from personas where experiment_id = '{pid}'\"", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -6,6 +6,7 @@ a temporary Prefect API that does not start in time."""
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -36,12 +37,15 @@ def test_a_complete_continue_experiment_says_so_in_the_terminal(tmp_path, sessio
     config.write_text(yaml.safe_dump({
         "name": "once [v2] :x:", "seed": 1, "population": {"size": 10}, "game": {"rounds": 1},
         "workers": {"actors": 1, "shard_size": 10, "ray_address": ray_address}, "report": {"enabled": False},
-        "continue": True, "db": str(tmp_path / "once.duckdb"),
+        "continue": True, "db": str(tmp_path / "once runs.duckdb"),
     }))
     first = keynes_run_with(config, env)
     assert first.returncode == 0 and "done: 1 round(s) played, 10 guesses written" in first.stderr, first.stderr
     # the name as it was written: no markup (a "[v2]" vanished from the header before), no emoji
     assert first.stderr.startswith("once [v2] :x: (once [v2] :x:-"), first.stderr
+    # the command to query them, on one line (the terminal folds it) and ready to paste
+    db = shlex.quote(str(tmp_path / "once runs.duckdb"))
+    assert f'. Query them: keynes sql --db {db} "select * from round_summary"\n' in first.stderr, first.stderr
     again = keynes_run_with(config, env)
     assert again.returncode == 0, again.stderr
     assert "is complete: all 1 round(s) of 1 arm(s) are in" in again.stderr and "nothing to play" in again.stderr

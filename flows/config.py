@@ -239,13 +239,21 @@ class ScheduleConfig(Strict):
         return self
 
 
+#: Characters an experiment's name may not hold: a path separator for its report file (either
+#: system's) and what Prefect refuses in a deployment's name.
+NAME_REFUSES = frozenset("/\\%&<>")
+#: The longest name: ``<name>-report.html`` must fit a file name (255 bytes on most systems).
+NAME_LENGTH = 200
+
+
 class ExperimentConfig(Strict):
     """A keynes experiment."""
 
     # `continue` is a Python keyword: the field is `continue_`, read and written as `continue`.
     model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True, validate_by_name=True)
 
-    name: str = Field(description="The experiment's name; with the config hash it identifies the experiment.")
+    name: str = Field(description="The experiment's name; with the config hash it identifies the experiment. It names the report "
+                                  "file and the Prefect deployment: up to 200 characters, none of / \\ % & < > or control characters.")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="The seed every random choice derives from.")
     population: PopulationConfig = Field(default_factory=PopulationConfig, description="Who plays.")
     game: GameRule = Field(default_factory=GameRule, description="The rule of the game.")
@@ -260,6 +268,23 @@ class ExperimentConfig(Strict):
         alias="continue",
         description="Each run plays only the next unfinished round (history from the warehouse), until game.rounds.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _a_name_for_files_and_deployments(cls, name: str) -> str:
+        """The name names the report file (``<name>-report.html``) and the Prefect deployment,
+        whose names refuse / % & < > (and a report server's page address holds it)."""
+        why = "it names the report file and the Prefect deployment"
+        if not name.strip():
+            raise ValueError(f"{name!r}: an experiment needs a name ({why})")
+        odd = sorted({c for c in name if c in NAME_REFUSES or not c.isprintable()})
+        if odd:
+            raise ValueError(f"{name!r} holds {', '.join(map(repr, odd))}: a name may not hold / \\ % & < > or control characters ({why})")
+        if len(name) > NAME_LENGTH:
+            raise ValueError(f"{len(name)} characters: at most {NAME_LENGTH} ({why})")  # the error shows the name's start
+        if name in (".", ".."):
+            raise ValueError(f"{name!r} is no file name ({why})")
+        return name
 
     @model_validator(mode="after")
     def _groups_and_games_fit(self) -> "ExperimentConfig":

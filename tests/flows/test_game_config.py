@@ -61,3 +61,38 @@ def test_custom_prompt_template(tmp_path):
     arms = cfg.arms_list()
     assert [a.prompt_mode for a in arms] == ["basic", "contrarian"]
     assert arms[1].mode.template == str(path) and arms[1].mode.reasoning is False
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("paper/five", "name: 'paper/five' holds '/': a name may not hold / \\ % & < > or control characters"),
+        ("a&b <v2>", "name: 'a&b <v2>' holds '&', '<', '>'"),
+        ("50%", "name: '50%' holds '%'"),
+        ("win\\dows", "name: 'win\\\\dows' holds '\\\\'"),
+        ("two\nlines", "name: 'two\\nlines' holds '\\n'"),
+        ("", "name: '': an experiment needs a name"),
+        ("   ", "name: '   ': an experiment needs a name"),
+        ("..", "name: '..' is no file name"),
+        ("n" * 201, "name: 'nnnn"),
+    ],
+)
+def test_a_name_that_cannot_name_a_report_file_or_a_deployment_is_refused(name, message):
+    """The name makes the report's file name (``<name>-report.html``: a "/" crashed the run after
+    its last round) and the Prefect deployment's (which refuses / % & < >)."""
+    with pytest.raises(ConfigError) as err:
+        load_config(BASE | {"name": name})
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+    if len(name) > 200:
+        assert "201 characters: at most 200" in str(err.value)
+
+
+def test_names_with_spaces_brackets_and_accents_are_fine():
+    from prefect.types.names import BANNED_CHARACTERS
+
+    from flows.config import NAME_REFUSES
+
+    cfg = load_config(BASE | {"name": "pilot [v2] café :x: (2 of 3)"})
+    assert cfg.report_path.endswith("pilot [v2] café :x: (2 of 3)-report.html")
+    assert set(BANNED_CHARACTERS) <= NAME_REFUSES  # what Prefect refuses in a deployment's name is refused here first
+    assert load_config(BASE | {"name": "n" * 200}).name == "n" * 200

@@ -276,6 +276,13 @@ class EngineSpec(BaseModel):
         return False
 
     @property
+    def prefix_block(self) -> int:
+        """The shared-context path keeps and evaluates prompt tokens in blocks of this many (1:
+        token by token): a prompt that leaves the one before it mid-block evaluates the block's
+        start again, (block − 1) / 2 tokens on average (``keynes plan`` counts them)."""
+        return 1
+
+    @property
     def model_name(self) -> str:
         """The model label stored with every guess."""
         raise NotImplementedError

@@ -54,6 +54,12 @@ class LlamaCppSpec(EngineSpec):
     def keeps_distributions(self) -> bool:
         return self.shared_context
 
+    @property
+    def prefix_block(self) -> int:
+        from engines.llamacpp_blocks import BLOCK
+
+        return BLOCK if self.shared_context else 1
+
     @field_validator("model")
     @classmethod
     def _known_model(cls, model: str) -> str:

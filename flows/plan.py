@@ -10,9 +10,10 @@ On an engine that answers each distinct prompt once (shared context: llama.cpp's
 exact distributions), time follows the prompts, not the agents: each round's distinct prompts
 (counted over the whole population; with agents told their own guesses, the histories their
 agents are likely to have if every guess is drawn as the calibration's round 1 answered, never
-more than one per persona and possible history) times their tokens past the prefix they share (the prompt trie)
-and the answer tree's, at the calibration's seconds a token, plus each agent's own part
-(rendering, drawing and parsing its answer), timed on many agents with the prompts just computed.
+more than one per persona and possible history) times their tokens past the prefix they share
+(the prompt trie: agents with the same first guesses share their prompt up to the next one) and
+the answer tree's, at the calibration's seconds a token, plus each agent's own part (rendering,
+drawing and parsing its answer), timed on many agents with the prompts just computed.
 """
 
 from __future__ import annotations
@@ -238,19 +239,21 @@ class SharedRound:
     at_most: float | None = None
 
 
-def likely_histories(sizes: np.ndarray, answers: np.ndarray, k: int, seed: int) -> float:
-    """Distinct histories of ``k`` own guesses among each persona's agents (``sizes``) when every
-    guess is drawn from ``answers`` (one answer's probabilities), counted over one seeded draw of
-    every agent's history (the same first guesses for every ``k``: never fewer for a longer one).
+def likely_prefixes(sizes: np.ndarray, answers: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Distinct histories of 1, 2, …, ``k`` own guesses among each persona's agents (``sizes``)
+    when every guess is drawn from ``answers`` (one answer's probabilities), counted over one
+    seeded draw of every agent's history (the same first guesses for every ``k``).
 
     The plan draws them from the calibration's round 1: later rounds' answers depend on what the
     agents are told, so this is an estimate (and the calibration's few agents pooled spread wider
     than each persona's own answers, on the side of more prompts)."""
     rng = np.random.default_rng(seed)
     history = np.repeat(np.arange(len(sizes), dtype=np.uint64), sizes.astype(np.int64))
+    counts = []
     for _ in range(k):  # a hash of (persona, guesses so far): 64 bits, collisions negligible
         history = history * np.uint64(1_000_003) + rng.choice(len(answers), size=history.size, p=answers).astype(np.uint64)
-    return float(np.unique(history).size)
+        counts.append(np.unique(history).size)
+    return np.array(counts, dtype=np.float64)
 
 
 def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter, scale: float, node_tokens: float,
@@ -260,9 +263,12 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
     Agents with equal template variables share a prompt: the personas that give distinct
     prompts are counted over the whole population and up to ``TRIE_SAMPLE`` of them rendered for
     the trie's size (a sample of a larger set overstates it: its prompts are further apart). With
-    own guesses shown, each persona's prompt may branch at every shown guess: at most one prompt
-    per possible history of each persona (or per agent of it), each past its first guess its own;
-    with ``answers`` (one answer's probabilities), as many as ``likely_histories`` draws.
+    own guesses shown, a persona's prompts branch at each shown guess: the trie holds the text
+    from the j-th guess to the next once per distinct history of j guesses — at most one per
+    persona and possible history (or per agent of it); with ``answers`` (one answer's
+    probabilities), as many as ``likely_prefixes`` draws. Each prompt past its persona's first
+    also evaluates again the start of the block where it leaves the one before it
+    (``EngineSpec.prefix_block``).
     """
     template = arm.mode.template
     groups = distinct_agents(template, agent_variables(personas))
@@ -277,16 +283,25 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
         return SharedRound(len(reps), persona_tokens + len(reps) * node_tokens)
     rule = arm.rule
     values = rule.high - rule.low + 1 if rule.integer else math.inf
-    at_most = float(np.minimum(sizes, float(values) ** k).sum())  # each persona's agents, or its possible histories
-    prompts = at_most if answers is None else min(at_most, likely_histories(sizes, answers, k, seed))
-    # The same agent told another first guess: its prompt from there on is what a prompt of its own costs.
+    # Distinct histories of 1…k guesses: each persona's agents, or its possible histories.
+    bound = np.array([np.minimum(sizes, float(values) ** j).sum() for j in range(1, k + 1)], dtype=np.float64)
+    prefixes = bound if answers is None else np.minimum(bound, likely_prefixes(sizes, answers, k, seed))
+    # The text of a prompt from its j-th guess on: where the same agent told another j-th guess leaves it.
     first = frame.head(1)
-    guesses = first["own_guesses"][0].to_list()
-    guesses[0] = rule.low if guesses[0] != rule.low else rule.high
-    other = first.with_columns(own_guesses=pl.Series([guesses], dtype=first.schema["own_guesses"]))
-    a, b = render(template, shared, agent_variables(first))[0], render(template, shared, agent_variables(other))[0]
-    tail = (len(a) - len(os.path.commonprefix([a, b]))) * per_char
-    return SharedRound(prompts, persona_tokens + max(0.0, prompts - len(reps)) * tail + prompts * node_tokens, at_most)
+    a = render(template, shared, agent_variables(first))[0]
+    tails = []
+    for j in range(k):
+        guesses = first["own_guesses"][0].to_list()
+        guesses[j] = rule.low if guesses[j] != rule.low else rule.high
+        other = first.with_columns(own_guesses=pl.Series([guesses], dtype=first.schema["own_guesses"]))
+        tails.append(len(a) - len(os.path.commonprefix([a, render(template, shared, agent_variables(other))[0]])))
+    segments = -np.diff([*tails, 0]) * per_char  # from the j-th guess to the next (the last: to the end)
+    # One prompt of each persona is in the trie already; every further history adds its segments.
+    further = np.maximum(0.0, prefixes - len(reps))
+    prompts = float(prefixes[-1])
+    block = (arm.engine.prefix_block - 1) / 2
+    tokens = persona_tokens + float(np.sum(further * segments)) + further[-1] * block + prompts * node_tokens
+    return SharedRound(prompts, tokens, float(bound[-1]))
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -309,17 +324,18 @@ def plan(cfg: ExperimentConfig, samples: int = SAMPLE, calibration: int = CALIBR
         personas = backstory_placeholder(personas, cfg.population.backstories.max_tokens)
     picked = sample_agents(personas, samples)
     players: dict[str, Any] = {}
+    nodes: dict[str, float] = {}  # answer-tree tokens a prompt, by engine: from its first arm's calibration
     out = []
     try:
         for arm in cfg.arms_list():
-            out.append(_arm_plan(cfg, arm, personas, picked, calibration, calls_per_second, players, say))
+            out.append(_arm_plan(cfg, arm, personas, picked, calibration, calls_per_second, players, nodes, say))
     finally:
         for player in players.values():
             player.close()
     return out
 
 
-def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, players, say) -> ArmPlan:
+def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, players, nodes, say) -> ArmPlan:
     n, rounds, phases = personas.height, arm.rule.rounds, 2 if arm.mode.reasoning else 1
     calls = n * rounds * phases
     if isinstance(arm.engine, MixtureSpec):
@@ -362,7 +378,10 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
     if cal is not None:
         basis = f"calibrated on {cal.agents} agent(s)" + ("" if counter.exact else ", tokens ~4 characters each")
         if cal.distinct and phases == 1 and not calls_per_second:
-            work = [shared_round(arm, r, personas, counter, scale, cal.node_tokens, cal.answers, cfg.seed) for r in range(1, rounds + 1)]
+            # An engine calibrated for an earlier arm still holds that arm's prompt: a later arm's
+            # evaluates less than its trie, and its answer trees cost what the first arm's did.
+            node_tokens = nodes.setdefault(spec.key, cal.node_tokens)
+            work = [shared_round(arm, r, personas, counter, scale, node_tokens, cal.answers, cfg.seed) for r in range(1, rounds + 1)]
             distinct = sum(w.prompts for w in work)
             seconds = _shared_seconds(cfg, n, work, cal)
             if any(w.at_most is not None for w in work):

@@ -61,6 +61,9 @@ def test_specs_count_their_tokens_predict_their_time_and_price():
     llama = parse_spec({"kind": "llamacpp"})
     assert llama.predicted_seconds(30, 3, 2, 2, 4.7, None, 1.6) == pytest.approx(30 * 3 * 1.6 / 2)
     assert llama.predicted_seconds(30, 3, 2, 2, 4.7, None) == pytest.approx(30 * 3 * 4.7 / 2)
+    # llama.cpp's shared path keeps prompts in blocks of 16 tokens (engines/llamacpp_blocks.py); the others token by token
+    assert llama.prefix_block == 16 and parse_spec({"kind": "llamacpp", "shared_context": False}).prefix_block == 1
+    assert simulated.prefix_block == openai.prefix_block == 1
 
 
 def test_a_spec_that_knows_its_window_refuses_prompts_that_do_not_fit():

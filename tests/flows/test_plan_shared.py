@@ -5,11 +5,14 @@ the trie they form, and the agents that give distinct prompts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import polars as pl
 import pytest
 
 from core.game import GameRule, History
+from engines.llamacpp import LlamaCppSpec
 from flows.loading import load_config
 from flows.plan import (
     Calibration,
@@ -17,7 +20,7 @@ from flows.plan import (
     SharedRound,
     _shared_seconds,
     backstory_placeholder,
-    likely_histories,
+    likely_prefixes,
     own_guesses_shown,
     pooled_answers,
     shared_round,
@@ -89,11 +92,11 @@ def test_the_prompts_planned_are_never_fewer_than_uniform_guesses_give(n):
             assert [p.prompts for p in planned[1:]] == counted and not any(p.at_most for p in planned)
         if n == 1_000_000 and history == History():
             assert [p.prompts for p in planned[1:3]] == counted[:2] == [505, 51_005]
-        # Every round's prompts cost tokens, and a prompt of its own costs more than a persona's.
+        # Every round's prompts cost tokens; told their own guesses, agents' prompts cost more.
         assert all(p.tokens > 0 for p in planned)
     with_own = [shared_round(arm_of(History(), n), r, personas, counter, 1.0, 0.0) for r in ROUNDS]
     without = [shared_round(arm_of(History(own_guesses=False), n), r, personas, counter, 1.0, 0.0) for r in ROUNDS]
-    assert all(w.tokens / w.prompts > o.tokens / o.prompts for w, o in zip(with_own[1:], without[1:])), (with_own, without)
+    assert all(w.tokens > o.tokens for w, o in zip(with_own, without)), (with_own, without)
 
 
 def test_with_backstories_every_agent_has_a_prompt_of_its_own():
@@ -135,21 +138,43 @@ def test_a_persona_of_few_agents_has_no_more_prompts_than_agents():
 UNIFORM = np.full(101, 1 / 101)
 
 
-def test_likely_histories_are_one_seeded_draw_of_every_agents_guesses():
+def test_likely_prefixes_are_one_seeded_draw_of_every_agents_guesses():
     sizes = np.array([200, 300, 500])
     # every agent names the same number: one history a persona, however long
-    assert [likely_histories(sizes, np.array([1.0]), k, 0) for k in (1, 2, 4)] == [3, 3, 3]
+    assert likely_prefixes(sizes, np.array([1.0]), 4, 0).tolist() == [3, 3, 3, 3]
     # a hundred thousand agents a persona draw every one of 101 numbers
-    assert likely_histories(np.array([100_000, 100_000]), UNIFORM, 1, 0) == 202
-    # longer histories: never fewer (the same first guesses), never more than agents or histories
-    counts = [likely_histories(sizes, UNIFORM, k, 7) for k in (1, 2, 3, 4)]
-    assert counts == sorted(counts) and counts[0] < 3 * 101 and counts[-1] <= sizes.sum(), counts
+    assert likely_prefixes(np.array([100_000, 100_000]), UNIFORM, 1, 0).tolist() == [202]
+    # longer histories: never fewer, never more than agents or histories; the same first guesses for every k
+    counts = likely_prefixes(sizes, UNIFORM, 4, 7)
+    assert counts.tolist() == sorted(counts) and counts[0] < 3 * 101 and counts[-1] <= sizes.sum(), counts
+    assert likely_prefixes(sizes, UNIFORM, 2, 7).tolist() == counts[:2].tolist()
     # one guess: the expected number of distinct values, Σ 1 - (1 - p)^n over values and personas
     skewed = np.arange(1, 102, dtype=float) ** 3
     skewed /= skewed.sum()
     expected = sum((1 - (1 - skewed) ** n).sum() for n in sizes)
-    assert likely_histories(sizes, skewed, 1, 3) == pytest.approx(expected, rel=0.05)
-    assert likely_histories(sizes, skewed, 3, 5) == likely_histories(sizes, skewed, 3, 5)  # seeded
+    assert likely_prefixes(sizes, skewed, 1, 3)[0] == pytest.approx(expected, rel=0.05)
+    assert likely_prefixes(sizes, skewed, 3, 5).tolist() == likely_prefixes(sizes, skewed, 3, 5).tolist()  # seeded
+
+
+def test_the_trie_of_later_rounds_grows_with_the_histories_agents_share():
+    """Agents who named the same first guesses share their prompt up to the next one: the same
+    prompts cost fewer tokens when answers repeat. One answer for everyone: one prompt a persona,
+    the trie of the personas' prompts and nothing more; and a shared path that evaluates in blocks
+    adds half a block for each further prompt (where it leaves the one before it)."""
+    personas, _ = population(1000)
+    arm = arm_of(History())
+    counter = Counter(arm.engine)
+    same = [shared_round(arm, r, personas, counter, 1.0, 12.0, np.array([1.0]), 1) for r in ROUNDS]
+    assert [s.prompts for s in same] == [5] * 4 and [s.at_most for s in same] == [505, 1000, 1000, 1000]
+    without = [shared_round(arm_of(History(own_guesses=False)), r, personas, counter, 1.0, 12.0) for r in ROUNDS]
+    assert [s.tokens for s in same] == pytest.approx([w.tokens for w in without], rel=0.1)  # one prompt a persona either way
+    skewed = np.arange(1, 102, dtype=float) ** 8  # a few numbers named by most agents
+    skewed /= skewed.sum()
+    few, many = ([shared_round(arm, r, personas, counter, 1.0, 12.0, p, 1) for r in ROUNDS] for p in (skewed, UNIFORM))
+    assert all(f.prompts < m.prompts and f.tokens / f.prompts < m.tokens / m.prompts for f, m in zip(few[1:], many[1:])), (few, many)
+    blocks = [shared_round(replace(arm, engine=LlamaCppSpec()), r, personas, counter, 1.0, 12.0, UNIFORM, 1) for r in ROUNDS]
+    assert LlamaCppSpec().prefix_block == 16 and arm.engine.prefix_block == 1
+    assert [b.tokens - m.tokens for b, m in zip(blocks, many)] == pytest.approx([(m.prompts - 5) * 7.5 for m in many])
 
 
 def test_pooled_answers_weigh_each_context_by_its_agents():

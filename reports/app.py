@@ -13,7 +13,7 @@ import polars as pl
 
 from reports.data import ReportData
 from reports.depth import exact_answers, paired_comparisons, read_the_agents, reasoning_depth
-from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, grid, table
+from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, grid, plain, table
 from reports.pools import arm_published, published_pools
 
 HEADER_COLOR = "#2b4a6f"
@@ -81,7 +81,7 @@ def arm_section(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
         for r in rounds.iter_rows(named=True)
     ]
     return [
-        _md(f"### {label.capitalize()} · {rule['rule']} · {rule['engine']}"),
+        _md(f"### {plain(label.capitalize())} · {plain(rule['rule'])} · {plain(rule['engine'])}"),
         table(rounds, {"round": "round", "n": "agents", "n_valid": "valid", "invalid_rate": "invalid rate",
                        "mean": "mean", "median": "median", "sd": "sd", "target": "target",
                        "winning_guess": "winning number", "n_winners": "winners",
@@ -104,7 +104,7 @@ def comparisons(data: ReportData) -> list[pn.viewable.Viewable]:
         if frame[key].n_unique() > 1:
             items.append(CompareByRound(frame, key, f"Mean guess per round by {what}"))
         elif frame.height:
-            items.append(_md(f"One {what} on this page: {frame[key][0]}."))
+            items.append(_md(f"One {what} on this page: {plain(frame[key][0])}."))
     attributes = [a for a in data.by_attribute["attribute"].unique(maintain_order=True).to_list()
                   if data.by_attribute.filter(pl.col("attribute") == a)["value"].n_unique() <= MAX_VALUES_PLOTTED]
     if attributes:
@@ -161,13 +161,13 @@ def build_page(data: ReportData, title: str | None = None, served: bool = False)
     """
     o = data.overview
     page = pn.template.BootstrapTemplate(
-        title=title or f"keynes report · {' vs '.join(data.labels[e] for e in data.experiment_ids)}",
+        title=plain(title or f"keynes report · {' vs '.join(data.labels[e] for e in data.experiment_ids)}"),  # the header shows it as HTML
         header_background=HEADER_COLOR,
         sidebar_width=230,
     )
     created = o["created_at"].strftime("%Y-%m-%d %H:%M UTC") if o["created_at"] else "–"
     page.sidebar.append(_md(
-        f"**Experiment** `{o['experiment_id']}`\n\n**Started** {created}\n\n**Status** {o['status']}\n\n"
+        f"**Experiment** <code>{plain(o['experiment_id'])}</code>\n\n**Started** {created}\n\n**Status** {o['status']}\n\n"
         f"**Agents** {o['population']:,}\n\n**Arms** {o['arms']}\n\n**Guesses** {o['guesses']:,}\n\n"
         f"**Report built** {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
     ))
@@ -178,6 +178,6 @@ def build_page(data: ReportData, title: str | None = None, served: bool = False)
     main += comparisons(data) + reasoning_depth(data) + exact_answers(data) + paired_comparisons(data) + read_the_agents(data, served)
     main += answers_and_cost(data) + references(data)
     for row in data.experiments.iter_rows(named=True):
-        main += [_md(f"## Config{': ' + data.labels[row['experiment_id']] if data.comparing else ''}"), config_block(row["config"])]
+        main += [_md(f"## Config{': ' + plain(data.labels[row['experiment_id']]) if data.comparing else ''}"), config_block(row["config"])]
     page.main.append(pn.Column(*main, sizing_mode="stretch_width"))
     return page

@@ -216,7 +216,7 @@ def read_the_agents(data: ReportData, served: bool = False) -> list[pn.viewable.
         items.append(_md("*Texts of arms on the simulated engine are labelled stand-ins, not a model's words.*"))
     order = {p: i for i, p in enumerate(PICKS)}
     for (arm,), by_arm in highlights.group_by("arm", maintain_order=True):
-        items.append(_md(f"### {data.arm_label(arm)}"))
+        items.append(_md(f"### {html.escape(data.arm_label(arm), quote=False)}"))
         for (round_,), rows in by_arm.group_by("round", maintain_order=True):
             rows = rows.with_columns(order=pl.col("pick").replace_strict(order, return_dtype=pl.Int32)).sort("order", "agent_id")
             cards = "".join(_card(r) for r in rows.iter_rows(named=True))

@@ -6,8 +6,10 @@ reference results are drawn as labelled lines. Views take frames from ``reports.
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -307,7 +309,16 @@ class PoolMeans(pn.viewable.Viewer):
         return pn.pane.Bokeh(p, sizing_mode="stretch_width")
 
 
+def plain(value: Any) -> str:
+    """``value`` as Markdown shows it, character for character: a config's names and labels
+    (models, prompt modes, experiments) are whatever their author wrote, and no ``<`` of theirs
+    may become an element of the page."""
+    return html.escape(str(value), quote=False)
+
+
 def config_block(config: Any) -> pn.pane.Markdown:
-    """The experiment's stored config as YAML (the format it was written in)."""
+    """The experiment's stored config as YAML (the format it was written in), in a code block
+    that no run of backticks in it can close."""
     text = yaml.safe_dump(json.loads(config) if isinstance(config, str) else config, sort_keys=False, width=100)
-    return pn.pane.Markdown(f"```yaml\n{text}```", sizing_mode="stretch_width")
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", text)), default=0))
+    return pn.pane.Markdown(f"{fence}yaml\n{text}{fence}", sizing_mode="stretch_width")

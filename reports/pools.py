@@ -11,7 +11,7 @@ import panel as pn
 import polars as pl
 
 from reports.data import ReportData
-from reports.figures import PoolMeans, fmt, table
+from reports.figures import PoolMeans, fmt, plain, table
 
 #: Marks a row whose model has a published pool on the page (and that pool).
 SAME = "◆"
@@ -31,11 +31,11 @@ def arm_published(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
     mean = fmt(first["mean"][0] if first.height else None)
     same = pools.filter(pl.col("same_model"))
     if same.height:
-        published = "; ".join(f"{r['model']} {fmt(r['value'])} (n = {r['n']}, {r['prompt_mode']}, {r['source']})"
+        published = "; ".join(plain(f"{r['model']} {fmt(r['value'])} (n = {r['n']}, {r['prompt_mode']}, {r['source']})")
                               for r in same.iter_rows(named=True))
         return [_md(f"{SAME} **Published round-1 mean of this model:** {published}. This arm's round-1 mean: {mean}.")]
     model = data.arms.filter(pl.col("arm") == arm)["model"][0]
-    return [_md(f"No published round-1 mean of {model} in `llm_reference`; this arm's round-1 mean ({mean}) stands beside "
+    return [_md(f"No published round-1 mean of {plain(model)} in `llm_reference`; this arm's round-1 mean ({mean}) stands beside "
                 f"{pools.height} published LLM pools of the same game under *Published LLM pools*.")]
 
 

@@ -128,7 +128,7 @@ def index_page(catalog: Catalog, refresh_s: float = REFRESH_S) -> pn.template.Ba
 
     shown = {"text": index_html(catalog.index())}
     holder = pn.Column(table(shown["text"]), sizing_mode="stretch_width")
-    names = ", ".join(w.path.name for w in catalog.warehouses)
+    names = html.escape(", ".join(w.path.name for w in catalog.warehouses), quote=False)
     page.main.append(pn.Column(_md(f"## Experiments\nWarehouses: {names}"), holder, sizing_mode="stretch_width"))
 
     def refresh() -> None:

@@ -25,7 +25,7 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron, Interval, Schedule
 from prefect.types.entrypoint import EntrypointType
 
-from flows.config import ConfigError, ExperimentConfig, ScheduleConfig
+from flows.config import NAME_REFUSES, ConfigError, ExperimentConfig, ScheduleConfig
 from flows.experiment import experiment
 from flows.failures import mark_interrupted
 from flows.loading import load_config
@@ -110,7 +110,8 @@ def deployments_for(configs: list[str | Path], overrides: list[str] | None = Non
     for config in configs:
         deployment = deployment_for(config, overrides, db)
         if deployment.name in seen:
-            deployment = deployment_for(config, overrides, db, name=f"{deployment.name}-{Path(config).stem}")
+            stem = "".join("-" if c in NAME_REFUSES else c for c in Path(config).stem)  # as the name itself, nothing Prefect refuses
+            deployment = deployment_for(config, overrides, db, name=f"{deployment.name}-{stem}")
         if deployment.name in seen:
             raise ConfigError(f"{config}: a deployment named {deployment.name!r} is already served")
         seen.add(deployment.name)

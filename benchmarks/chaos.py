@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from flows.processes import TAG, tagged  # noqa: E402
+from flows.processes import TAG, tag_of, tagged  # noqa: E402
 
 KINDS = ("run-sigkill", "actor-sigkill", "api-sigkill", "run-sigterm", "ctrl-c")
 #: Kinds after which the run goes on (Ray restarts the actor, keynes its temporary API); after the others it exits.
@@ -123,7 +123,7 @@ class Attempt:
                                           stderr=subprocess.STDOUT, start_new_session=True,
                                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.pid = self.popen.pid
-        self.tag = f"{self.pid}:{psutil.Process(self.pid).create_time()}"  # as flows.processes.guard sets it
+        self.tag = tag_of(psutil.Process(self.pid))  # as flows.processes.guard sets it
         self.tagged_seen: set[int] = set()
         self.struck_at = 0.0  # seconds after its start of the last kill
         self.first_actor_s: float | None = None  # seconds after its start when its first actor ran

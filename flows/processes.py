@@ -38,6 +38,7 @@ _PR_SET_PDEATHSIG = 1
 #: so that a parent killed while the watchdog is still starting (before its handler is set) does
 #: not kill the watchdog with it; its first look then finds the parent gone and cleans up.
 PARENT_DIED = signal.SIGURG
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def records_dir() -> Path:
@@ -46,11 +47,36 @@ def records_dir() -> Path:
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "keynes") / "runs"
 
 
+def started(proc: psutil.Process) -> float:
+    """When ``proc`` started, in seconds since boot on Linux: what tells a process from a later one
+    with its pid. Not psutil's ``create_time``: that adds the boot time the kernel reports in whole
+    wall-clock seconds, recomputed at every look, so a step or slew of the clock across a second
+    moves every process's ``create_time`` by a second or more, and a live command looked dead to
+    the next one (which then ended its processes). Elsewhere: ``create_time``.
+
+    Raises:
+        psutil.Error: the process is gone.
+    """
+    try:
+        with open(f"/proc/{proc.pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # after "pid (name)": field 3 on
+        return round(int(fields[19]) / _CLOCK_TICKS, 2)  # field 22, starttime, in clock ticks since boot
+    except (OSError, IndexError, ValueError):
+        return proc.create_time()
+
+
+def tag_of(proc: psutil.Process) -> str:
+    """The mark a command gives every process it starts: ``pid:start time``."""
+    return f"{proc.pid}:{started(proc)}"
+
+
 def _alive(pid: int, created: float) -> psutil.Process | None:
-    """The process ``pid`` if it is still the one started at ``created`` (pids are reused)."""
+    """The process ``pid`` if it is still the one ``started`` at ``created`` (pids are reused)."""
     try:
         proc = psutil.Process(pid)
-        return proc if abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE else None
+        # A record written before ``started`` holds a create_time (seconds since 1970).
+        now = proc.create_time() if created > 1e9 else started(proc)
+        return proc if abs(now - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE else None
     except psutil.Error:
         return None
 
@@ -147,13 +173,13 @@ def guard(command: str) -> list[str]:
     if _WATCHDOG and _WATCHDOG[0].poll() is None:  # already watched (a second command in one process)
         return lines
     me = psutil.Process()
-    os.environ[TAG] = f"{me.pid}:{me.create_time()}"  # inherited by every process started from now on
+    os.environ[TAG] = tag_of(me)  # inherited by every process started from now on
     directory = records_dir()
     directory.mkdir(parents=True, exist_ok=True)
     record = directory / f"{me.pid}.json"
     _write(record, command, me, [])
     _WATCHDOG[:] = [subprocess.Popen(
-        [sys.executable, "-m", "flows.processes", str(me.pid), str(me.create_time()), str(record), command],
+        [sys.executable, "-m", "flows.processes", str(me.pid), str(started(me)), str(record), command],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None, close_fds=True,
     )]
@@ -182,7 +208,7 @@ def release(grace_s: float = 1.0) -> None:
 
 def _write(path: Path, command: str, parent: psutil.Process, children: list[tuple[int, float, str]]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": parent.pid, "created": parent.create_time(), "command": command, "children": children}))
+    tmp.write_text(json.dumps({"pid": parent.pid, "created": started(parent), "command": command, "children": children}))
     tmp.replace(path)  # readers never see half a record
 
 
@@ -197,7 +223,7 @@ def descendants(children: list[psutil.Process], me: int) -> dict[int, tuple[int,
         if child.pid == me:
             continue
         try:
-            found[child.pid] = (child.pid, child.create_time(), child.name())
+            found[child.pid] = (child.pid, started(child), child.name())
         except psutil.Error:
             continue
     return found

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import yaml
 
-from flows.processes import TAG, clean_leftovers, descendants, tagged
+from flows.processes import TAG, clean_leftovers, descendants, started, tag_of, tagged
 from tests.conftest import REPO
 from tests.support.waiting import wait_for
 
@@ -74,7 +74,7 @@ def test_the_next_start_ends_what_a_killed_command_left_and_says_so(tmp_path):
         record = {"pid": dead.pid, "created": 1.0, "command": "keynes run",
                   "children": [[child.pid, child.create_time(), child.name()]]}
         (tmp_path / f"{dead.pid}.json").write_text(json.dumps(record))
-        me = psutil.Process()  # a record of a live command is not touched
+        me = psutil.Process()  # a record of a live command is not touched (this one as written before records held `started`)
         (tmp_path / "live.json").write_text(json.dumps({"pid": me.pid, "created": me.create_time(), "command": "keynes serve",
                                                         "children": [[child.pid, child.create_time(), child.name()]]}))
         lines = clean_leftovers(tmp_path)
@@ -84,6 +84,27 @@ def test_the_next_start_ends_what_a_killed_command_left_and_says_so(tmp_path):
     finally:
         if orphan.poll() is None:
             orphan.kill()
+
+
+def test_a_clock_step_does_not_make_a_live_command_look_dead(tmp_path, monkeypatch):
+    """psutil's create_time adds the boot time the kernel reports in whole wall-clock seconds,
+    recomputed at every look: when the clock steps (NTP) or slews across a second, every process's
+    create_time moves with it, and the next command took a live one (a `keynes serve` of days) for
+    killed and ended its processes. Records hold each start in clock ticks since boot."""
+    child = subprocess.Popen(["sleep", "120"])
+    try:
+        me, proc = psutil.Process(), psutil.Process(child.pid)
+        (tmp_path / "live.json").write_text(json.dumps({"pid": me.pid, "created": started(me), "command": "keynes serve",
+                                                        "children": [[proc.pid, started(proc), proc.name()]]}))
+        real = psutil.Process.create_time
+        assert started(me) == pytest.approx(real(me) - psutil.boot_time(), abs=0.02)
+        monkeypatch.setattr(psutil.Process, "create_time", lambda self: real(self) + 1.0)  # the boot time moved a second
+        assert clean_leftovers(tmp_path) == [] and child.poll() is None
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["live.json"]
+        assert tag_of(me) == f"{me.pid}:{started(me)}"
+    finally:
+        child.kill()
+        child.wait(10)
 
 
 def test_a_child_that_ends_while_the_watchdog_looks_is_skipped_not_taken_for_the_parents_end():

@@ -13,16 +13,12 @@ import polars as pl
 
 from reports.data import ReportData
 from reports.depth import exact_answers, paired_comparisons, read_the_agents, reasoning_depth
-from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, grid, plain, table
+from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, grid, markdown, plain, table
 from reports.pools import arm_published, published_pools
 
 HEADER_COLOR = "#2b4a6f"
 #: How many values an attribute may have and still get its own comparison figure.
 MAX_VALUES_PLOTTED = 12
-
-def _md(text: str, **kwargs) -> pn.pane.Markdown:
-    return pn.pane.Markdown(text, sizing_mode="stretch_width", **kwargs)
-
 
 def _seconds(value: float | None) -> str:
     if value is None:
@@ -42,22 +38,22 @@ def overview(data: ReportData) -> list[pn.viewable.Viewable]:
         f"{o['completion_tokens']:,} completion · **run time** {_seconds(o['wall_s'])} · **status** {o['status']} · "
         f"**seed** {o['seed']} · **told of earlier rounds** {data.history[o['experiment_id']]}"
     )
-    items: list[pn.viewable.Viewable] = [_md("## Overview")]
+    items: list[pn.viewable.Viewable] = [markdown("## Overview")]
     if data.comparing:
-        items += [_md(f"This page compares the arms of {len(data.experiment_ids)} experiments; arms are numbered across "
+        items += [markdown(f"This page compares the arms of {len(data.experiment_ids)} experiments; arms are numbered across "
                       "them, each labelled with its experiment."),
                   table(data.experiments.with_columns(history=pl.col("experiment_id").replace_strict(data.history)),
                         {"name": "experiment", "experiment_id": "id", "population": "agents", "arms": "arms",
                          "rounds_played": "rounds played", "history": "told of earlier rounds", "guesses": "guesses",
                          "status": "status", "created_at": "started"})]
     else:
-        items.append(_md(facts))
+        items.append(markdown(facts))
     if (data.arms["engine"] == "simulated").any():
         items.append(pn.pane.Alert(
             "Arms on the **simulated** engine use no language model: their numbers come from a named decision rule "
             "(see the model column). They exist for scale tests and fast checks.", alert_type="warning"))
     items += [
-        _md("### Arms"),
+        markdown("### Arms"),
         table(arms, {"arm": "arm", "engine": "engine", "model": "model", "prompt_mode": "prompt mode",
                      "temperature": "temperature", "rule": "rule", "rounds": "rounds", "status": "status",
                      "wall_s": "wall time (s)", "play_s": "play time (s)", "prompt_tokens": "prompt tokens",
@@ -65,7 +61,7 @@ def overview(data: ReportData) -> list[pn.viewable.Viewable]:
     ]
     attributes = data.composition["attribute"].unique(maintain_order=True).to_list()
     if attributes and not data.comparing:  # several populations: their sizes are in the table above
-        items += [_md(f"### Population ({o['population']:,} agents)"),
+        items += [markdown(f"### Population ({o['population']:,} agents)"),
                   grid([Composition(data.composition, a) for a in attributes])]
     return items
 
@@ -81,7 +77,7 @@ def arm_section(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
         for r in rounds.iter_rows(named=True)
     ]
     return [
-        _md(f"### {plain(label.capitalize())} · {plain(rule['rule'])} · {plain(rule['engine'])}"),
+        markdown(f"### {plain(label.capitalize())} · {plain(rule['rule'])} · {plain(rule['engine'])}"),
         table(rounds, {"round": "round", "n": "agents", "n_valid": "valid", "invalid_rate": "invalid rate",
                        "mean": "mean", "median": "median", "sd": "sd", "target": "target",
                        "winning_guess": "winning number", "n_winners": "winners",
@@ -94,7 +90,7 @@ def arm_section(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
 
 def comparisons(data: ReportData) -> list[pn.viewable.Viewable]:
     """Prompt modes, models and rules side by side, then demographics."""
-    items: list[pn.viewable.Viewable] = [_md("## Comparisons")]
+    items: list[pn.viewable.Viewable] = [markdown("## Comparisons")]
     for frame, key, what in [
         (data.by_prompt_mode, "prompt_mode", "prompt mode"),
         (data.by_model, "model", "model"),
@@ -104,14 +100,14 @@ def comparisons(data: ReportData) -> list[pn.viewable.Viewable]:
         if frame[key].n_unique() > 1:
             items.append(CompareByRound(frame, key, f"Mean guess per round by {what}"))
         elif frame.height:
-            items.append(_md(f"One {what} on this page: {plain(frame[key][0])}."))
+            items.append(markdown(f"One {what} on this page: {plain(frame[key][0])}."))
     attributes = [a for a in data.by_attribute["attribute"].unique(maintain_order=True).to_list()
                   if data.by_attribute.filter(pl.col("attribute") == a)["value"].n_unique() <= MAX_VALUES_PLOTTED]
     if attributes:
         labels = {a: data.arm_label(a) for a in data.arms["arm"].to_list()}
         first = int(data.by_attribute["round"].min())
-        items += [_md("### Demographics"),
-                  _md(f"Mean guess of each group in round {first}, per arm; bars are 95 % confidence intervals "
+        items += [markdown("### Demographics"),
+                  markdown(f"Mean guess of each group in round {first}, per arm; bars are 95 % confidence intervals "
                       "(mean ± 1.96 standard errors)."),
                   grid([ByAttribute(data.by_attribute, a, first, labels) for a in attributes], columns=2)]
     return items
@@ -123,12 +119,12 @@ def answers_and_cost(data: ReportData) -> list[pn.viewable.Viewable]:
     invalid = data.invalid.group_by("arm", maintain_order=True).agg(
         n=pl.col("n").sum(), n_invalid=pl.col("n_invalid").sum()).with_columns(invalid_rate=pl.col("n_invalid") / pl.col("n"))
     items: list[pn.viewable.Viewable] = [
-        _md("## Answers and cost"),
+        markdown("## Answers and cost"),
         BarsByArm(invalid, "invalid_rate", "Invalid answers by arm (all rounds)"
                   + ("" if invalid["n_invalid"].sum() else ": none"), "% of answers", labels, scale=100),
     ]
     if data.invalid_reasons.height:
-        items += [_md("Why answers were invalid:"),
+        items += [markdown("Why answers were invalid:"),
                   table(data.invalid_reasons, {"arm": "arm", "error": "reason", "n": "answers"})]
     usage = data.usage
     items += [
@@ -147,11 +143,11 @@ def references(data: ReportData) -> list[pn.viewable.Viewable]:
     """The human reference results drawn on the page, with their sources."""
     refs = data.references.unique(["source", "round", "mean", "median"], maintain_order=True)
     if refs.is_empty():
-        return [_md("Human reference lines: none published for this experiment's rule(s) in the warehouse's "
+        return [markdown("Human reference lines: none published for this experiment's rule(s) in the warehouse's "
                     "`human_reference` view.")]
     lines = "\n".join(f"- {r['source']}: round {r['round']} mean {fmt(r['mean'])}, median {fmt(r['median'])} "
                       "(green lines and stars)" for r in refs.iter_rows(named=True))
-    return [_md("### Human reference results\n" + lines)]
+    return [markdown("### Human reference results\n" + lines)]
 
 
 def build_page(data: ReportData, title: str | None = None, served: bool = False) -> pn.template.BaseTemplate:
@@ -166,18 +162,18 @@ def build_page(data: ReportData, title: str | None = None, served: bool = False)
         sidebar_width=230,
     )
     created = o["created_at"].strftime("%Y-%m-%d %H:%M UTC") if o["created_at"] else "–"
-    page.sidebar.append(_md(
+    page.sidebar.append(markdown(
         f"**Experiment** <code>{plain(o['experiment_id'])}</code>\n\n**Started** {created}\n\n**Status** {o['status']}\n\n"
         f"**Agents** {o['population']:,}\n\n**Arms** {o['arms']}\n\n**Guesses** {o['guesses']:,}\n\n"
         f"**Report built** {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
     ))
-    main = overview(data) + [_md("## Arms")]
+    main = overview(data) + [markdown("## Arms")]
     for arm in data.arms["arm"].to_list():
         main += arm_section(data, arm)
     main += published_pools(data)
     main += comparisons(data) + reasoning_depth(data) + exact_answers(data) + paired_comparisons(data) + read_the_agents(data, served)
     main += answers_and_cost(data) + references(data)
     for row in data.experiments.iter_rows(named=True):
-        main += [_md(f"## Config{': ' + plain(data.labels[row['experiment_id']]) if data.comparing else ''}"), config_block(row["config"])]
+        main += [markdown(f"## Config{': ' + plain(data.labels[row['experiment_id']]) if data.comparing else ''}"), config_block(row["config"])]
     page.main.append(pn.Column(*main, sizing_mode="stretch_width"))
     return page

@@ -17,7 +17,7 @@ from bokeh.models import ColumnDataSource, Whisker
 from bokeh.palettes import Viridis256
 
 from reports.data import ReportData
-from reports.figures import ARM_COLORS, HUMAN_COLOR, ByAttribute, CompareByRound, _figure, _fit_legend, fmt, grid, table
+from reports.figures import ARM_COLORS, HUMAN_COLOR, ByAttribute, CompareByRound, _figure, _fit_legend, fmt, grid, markdown, plain, table
 
 #: Colours of the classes that are not steps.
 CLASS_COLORS = {"above step 0": "#b0b0b0", "equilibrium": "#222222", "beyond equilibrium": "#8c564b"}
@@ -34,10 +34,6 @@ CARD_CSS = """
 .agent .persona { color: #555; font-size: 12px; }
 .agent .text { white-space: pre-wrap; font-size: 13px; margin-top: 3px; }
 """
-
-
-def _md(text: str) -> pn.pane.Markdown:
-    return pn.pane.Markdown(text, sizing_mode="stretch_width")
 
 
 def _class_color(name: str, steps: int) -> str:
@@ -110,15 +106,15 @@ class TauByArm(pn.viewable.Viewer):
 def reasoning_depth(data: ReportData) -> list[pn.viewable.Viewable]:
     """Level-k shares per arm, τ per arm beside the human pools, and τ by demographic group."""
     items: list[pn.viewable.Viewable] = [
-        _md("## Reasoning depth"),
-        _md("Each valid guess is classed by the step of iterated best response it lies nearest to "
+        markdown("## Reasoning depth"),
+        markdown("Each valid guess is classed by the step of iterated best response it lies nearest to "
             "(step 0 = the middle of the range, step k + 1 = the best response to step k; class boundaries at the "
             "geometric means of neighbouring steps' distances to the equilibrium, after Nagel 1995). τ is the "
             "cognitive-hierarchy mean number of thinking steps whose population mean equals the arms' mean guess "
             "(Camerer, Ho & Chong 2004); 'no τ fits' means no such population produces that mean."),
     ]
     if data.depth.is_empty():
-        return items + [_md("No round has been played yet.")]
+        return items + [markdown("No round has been played yet.")]
     labels = {a: data.arm_label(a) for a in data.arms["arm"].to_list()}
     rounds = sorted(data.depth["round"].unique().to_list())
     shown = sorted({rounds[0], rounds[-1]})
@@ -126,7 +122,7 @@ def reasoning_depth(data: ReportData) -> list[pn.viewable.Viewable]:
     items.append(grid([DepthShares(data.depth, r, labels) for r in shown], columns=1))
     tau = data.tau
     if tau.is_empty():
-        return items + [_md("τ fits: none stored yet (they are computed when a report is built).")]
+        return items + [markdown("τ fits: none stored yet (they are computed when a report is built).")]
     items.append(grid([TauByArm(tau, data.human_tau.filter(pl.col("arm").is_in(tau["arm"].unique().to_list())), r, labels)
                        for r in shown], columns=1))
     whole = tau.filter(pl.col("attribute").is_null()).with_columns(
@@ -136,7 +132,7 @@ def reasoning_depth(data: ReportData) -> list[pn.viewable.Viewable]:
                                "mean": "mean guess", "tau": "τ", "interval": "95 % interval", "fit": "fit"}))
     humans = data.human_tau.unique(["pool", "source"], maintain_order=True)
     if humans.height:
-        items.append(_md("Human pools that played the same game (τ fitted to their first-round mean):\n\n" + "\n".join(
+        items.append(markdown("Human pools that played the same game (τ fitted to their first-round mean):\n\n" + "\n".join(
             f"- {r['pool']}: mean {fmt(r['mean'])}, τ = {fmt(r['tau'])} (90 % interval {fmt(r['tau_low'])}–"
             f"{fmt(r['tau_high'])}, n = {r['n']}) — {r['source']}" for r in humans.iter_rows(named=True))))
     groups = tau.filter(pl.col("attribute").is_not_null() & pl.col("tau").is_not_null())
@@ -144,7 +140,7 @@ def reasoning_depth(data: ReportData) -> list[pn.viewable.Viewable]:
                   if groups.filter(pl.col("attribute") == a)["value"].n_unique() <= MAX_VALUES_PLOTTED]
     if attributes:
         frame = groups.drop("mean").rename({"tau": "mean", "tau_low": "ci95_low", "tau_high": "ci95_high", "n": "n_valid"})
-        items += [_md(f"### τ by demographic group (round {rounds[0]})"),
+        items += [markdown(f"### τ by demographic group (round {rounds[0]})"),
                   grid([ByAttribute(frame, a, rounds[0], labels, what="τ", axis="τ") for a in attributes], columns=2)]
     return items
 
@@ -164,8 +160,8 @@ def exact_answers(data: ReportData) -> list[pn.viewable.Viewable]:
     if not attributes:
         return []
     return [
-        _md(f"### Exact expected answer by persona group (round {round_})"),
-        _md("From the stored answer distributions of shared-context arms: the expected answer of an agent drawn at "
+        markdown(f"### Exact expected answer by persona group (round {round_})"),
+        markdown("From the stored answer distributions of shared-context arms: the expected answer of an agent drawn at "
             "random from each group, without sampling noise (`exact_answers_by_attribute`)."),
         grid([ByAttribute(frame, a, round_, labels, what="Exact expected answer", axis="expected answer",
                           interval="exact") for a in attributes], columns=2),
@@ -175,15 +171,15 @@ def exact_answers(data: ReportData) -> list[pn.viewable.Viewable]:
 def paired_comparisons(data: ReportData) -> list[pn.viewable.Viewable]:
     """Pairs of arms that differ in one factor: mean paired difference per round, interval, p-value."""
     pairs = data.paired
-    items: list[pn.viewable.Viewable] = [_md("## Paired comparisons")]
+    items: list[pn.viewable.Viewable] = [markdown("## Paired comparisons")]
     if pairs.is_empty():
         reasons = "; ".join(data.paired_missing) or "no rounds stored yet"
-        return items + [_md("No two arms of this page differ in exactly one factor (prompt mode, model, temperature "
+        return items + [markdown("No two arms of this page differ in exactly one factor (prompt mode, model, temperature "
                             f"or game) with rounds played by both ({reasons}).")]
     pairs = pairs.with_columns(pair=pl.format("arm {} {} − arm {} {} ({})", pl.col("arm_a"), pl.col("level_a"),
                                               pl.col("arm_b"), pl.col("level_b"), pl.col("factor")))
     items += [
-        _md("The same agents (same personas and seeds) in two arms that differ in one factor: the mean of each agent's "
+        markdown("The same agents (same personas and seeds) in two arms that differ in one factor: the mean of each agent's "
             "guess in arm a minus its guess in arm b, with a 95 % t interval, and the Wilcoxon signed-rank p-value "
             "(agents who answered the same in both arms are left out of the test)."),
         CompareByRound(pairs.drop("mean_a", "mean_b").rename({"mean_difference": "mean"}), "pair", "Paired difference a − b per round",
@@ -209,14 +205,14 @@ def read_the_agents(data: ReportData, served: bool = False) -> list[pn.viewable.
     """Per arm with reasoning and per round: the texts of the lowest, median, highest guesses and
     of winners; when served, a searchable, filterable table of every reasoning text."""
     highlights = data.highlights
-    items: list[pn.viewable.Viewable] = [_md("## Read the agents")]
+    items: list[pn.viewable.Viewable] = [markdown("## Read the agents")]
     if highlights.is_empty():
-        return items + [_md("No arm on this page stored reasoning texts (chain-of-thought prompt modes do).")]
+        return items + [markdown("No arm on this page stored reasoning texts (chain-of-thought prompt modes do).")]
     if (data.arms.filter(pl.col("arm").is_in(highlights["arm"].unique().to_list()))["engine"] == "simulated").any():
-        items.append(_md("*Texts of arms on the simulated engine are labelled stand-ins, not a model's words.*"))
+        items.append(markdown("*Texts of arms on the simulated engine are labelled stand-ins, not a model's words.*"))
     order = {p: i for i, p in enumerate(PICKS)}
     for (arm,), by_arm in highlights.group_by("arm", maintain_order=True):
-        items.append(_md(f"### {html.escape(data.arm_label(arm), quote=False)}"))
+        items.append(markdown(f"### {plain(data.arm_label(arm))}"))
         for (round_,), rows in by_arm.group_by("round", maintain_order=True):
             rows = rows.with_columns(order=pl.col("pick").replace_strict(order, return_dtype=pl.Int32)).sort("order", "agent_id")
             cards = "".join(_card(r) for r in rows.iter_rows(named=True))
@@ -244,5 +240,5 @@ def _searchable(data: ReportData) -> list[pn.viewable.Viewable]:
         formatters={"reasoning": {"type": "textarea"}}, disabled=True, name="reasoning texts")
     slider = pn.widgets.RangeSlider(name="guess range", start=low, end=high, value=(low, high), step=0.01)
     widget.add_filter(slider, "guess")
-    return [_md("### Every reasoning text\nFilter by typing in a column's header (persona and reasoning match any "
+    return [markdown("### Every reasoning text\nFilter by typing in a column's header (persona and reasoning match any "
                 "part of the text); the slider keeps guesses in a range."), slider, widget]

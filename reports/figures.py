@@ -316,9 +316,14 @@ def plain(value: Any) -> str:
     return html.escape(str(value), quote=False)
 
 
+def markdown(text: str, **kwargs) -> pn.pane.Markdown:
+    """Markdown across the page's width (what a config or model wrote goes in through ``plain``)."""
+    return pn.pane.Markdown(text, sizing_mode="stretch_width", **kwargs)
+
+
 def config_block(config: Any) -> pn.pane.Markdown:
     """The experiment's stored config as YAML (the format it was written in), in a code block
     that no run of backticks in it can close."""
     text = yaml.safe_dump(json.loads(config) if isinstance(config, str) else config, sort_keys=False, width=100)
     fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", text)), default=0))
-    return pn.pane.Markdown(f"{fence}yaml\n{text}{fence}", sizing_mode="stretch_width")
+    return markdown(f"{fence}yaml\n{text}{fence}")

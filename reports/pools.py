@@ -11,14 +11,10 @@ import panel as pn
 import polars as pl
 
 from reports.data import ReportData
-from reports.figures import PoolMeans, fmt, plain, table
+from reports.figures import PoolMeans, fmt, markdown, plain, table
 
 #: Marks a row whose model has a published pool on the page (and that pool).
 SAME = "◆"
-
-
-def _md(text: str) -> pn.pane.Markdown:
-    return pn.pane.Markdown(text, sizing_mode="stretch_width")
 
 
 def arm_published(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
@@ -33,29 +29,29 @@ def arm_published(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
     if same.height:
         published = "; ".join(plain(f"{r['model']} {fmt(r['value'])} (n = {r['n']}, {r['prompt_mode']}, {r['source']})")
                               for r in same.iter_rows(named=True))
-        return [_md(f"{SAME} **Published round-1 mean of this model:** {published}. This arm's round-1 mean: {mean}.")]
+        return [markdown(f"{SAME} **Published round-1 mean of this model:** {published}. This arm's round-1 mean: {mean}.")]
     model = data.arms.filter(pl.col("arm") == arm)["model"][0]
-    return [_md(f"No published round-1 mean of {plain(model)} in `llm_reference`; this arm's round-1 mean ({mean}) stands beside "
+    return [markdown(f"No published round-1 mean of {plain(model)} in `llm_reference`; this arm's round-1 mean ({mean}) stands beside "
                 f"{pools.height} published LLM pools of the same game under *Published LLM pools*.")]
 
 
 def published_pools(data: ReportData) -> list[pn.viewable.Viewable]:
     """Round-1 means of the arms beside published LLM pools of their game, with the sources."""
-    items: list[pn.viewable.Viewable] = [_md("## Published LLM pools")]
+    items: list[pn.viewable.Viewable] = [markdown("## Published LLM pools")]
     pools = data.pool_table
     if pools.is_empty():
-        return items + [_md("None published for this page's rule(s) in the warehouse's `llm_reference` view.")]
+        return items + [markdown("None published for this page's rule(s) in the warehouse's `llm_reference` view.")]
     shown = pools.with_columns(mark=pl.when(pl.col("same_model").is_not_null()).then(pl.lit(SAME)).otherwise(pl.lit("")))
     sources = data.llm_pools.unique("source", maintain_order=True)
     items += [
-        _md(f"Round-1 mean guess of LLM players in published studies of the same game, beside this page's arms (their "
+        markdown(f"Round-1 mean guess of LLM players in published studies of the same game, beside this page's arms (their "
             f"valid guesses in round 1). {SAME} marks an arm and the published pool of its own model; a model with no "
             "published pool (a Gemma arm, say) has the published pools as context. Games differ in players, prompts "
             "and answers: each source's setting is below."),
         PoolMeans(pools, "Round-1 mean guess: this page's arms and published LLM pools"),
         table(shown, {"mark": "", "player": "player", "prompt_mode": "prompt mode", "mean": "round-1 mean",
                       "n": "valid guesses", "source": "source", "same_model": "same model as"}),
-        _md("\n".join(f"- **{r['source']}**: {r['setting']}. {r['citation']}. Data: <{r['url']}>"
+        markdown("\n".join(f"- **{r['source']}**: {r['setting']}. {r['citation']}. Data: <{r['url']}>"
                       for r in sources.iter_rows(named=True))),
     ]
     return items

@@ -22,6 +22,7 @@ import polars as pl
 
 from reports.app import HEADER_COLOR, build_page
 from reports.data import ReportData, experiment_index, experiment_version
+from reports.figures import markdown, plain
 from reports.urls import public_url
 from warehouse.store import Warehouse, WarehouseError
 
@@ -76,10 +77,6 @@ class Catalog:
         return None
 
 
-def _md(text: str) -> pn.pane.Markdown:
-    return pn.pane.Markdown(text, sizing_mode="stretch_width")
-
-
 def _cell(value: Any) -> str:
     if value is None:
         return "–"
@@ -128,8 +125,8 @@ def index_page(catalog: Catalog, refresh_s: float = REFRESH_S) -> pn.template.Ba
 
     shown = {"text": index_html(catalog.index())}
     holder = pn.Column(table(shown["text"]), sizing_mode="stretch_width")
-    names = html.escape(", ".join(w.path.name for w in catalog.warehouses), quote=False)
-    page.main.append(pn.Column(_md(f"## Experiments\nWarehouses: {names}"), holder, sizing_mode="stretch_width"))
+    names = plain(", ".join(w.path.name for w in catalog.warehouses))
+    page.main.append(pn.Column(markdown(f"## Experiments\nWarehouses: {names}"), holder, sizing_mode="stretch_width"))
 
     def refresh() -> None:
         text = index_html(catalog.index())
@@ -163,7 +160,7 @@ def experiment_page(catalog: Catalog, experiment_id: str | list[str] | None, ref
     # sidebar, the time of the last check, and the page's main column.
     facts = pn.Column(*page.sidebar.objects, sizing_mode="stretch_width")
     checked = pn.Column(sizing_mode="stretch_width")
-    page.sidebar[:] = [facts, checked, _md('[All experiments](./)')]
+    page.sidebar[:] = [facts, checked, markdown('[All experiments](./)')]
     # A short lock timeout: a page must not stall the server while a writer commits.
     probe = Warehouse(warehouse.path, lock_timeout_s=CHECK_LOCK_TIMEOUT_S)
     state = {"version": [experiment_version(warehouse, e) for e in ids]}
@@ -174,7 +171,7 @@ def experiment_page(catalog: Catalog, experiment_id: str | list[str] | None, ref
         except WarehouseError:
             return  # a writer holds the file: look again at the next tick
         with _as_on_load():
-            checked.objects = [_md(f"*Live: checked {time.strftime('%H:%M:%S')}*")]
+            checked.objects = [markdown(f"*Live: checked {time.strftime('%H:%M:%S')}*")]
             if version == state["version"]:
                 return
             state["version"] = version

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
+from flows.sql_table import narrow_table, result_table
 from tasks.timings import mark
 
 mark("cli: imported")
@@ -217,8 +217,8 @@ def plan(
     # Narrow enough for an 80-column terminal: two-line headings, a cost column only where an
     # engine has prices, and each arm's basis below the table.
     priced = any(r["cost"] is not None for r in rows)
-    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True,
-                  title=f"{cfg.name} ({cfg.experiment_id}): {cfg.population.size:,} agents, nothing run yet")
+    table = narrow_table(show_header=True, header_style="bold",
+                         title=f"{cfg.name} ({cfg.experiment_id}): {cfg.population.size:,} agents, nothing run yet")
     for column in ("arm", "engine", "model", "prompt", "calls", "prompt\ntokens", "completion\ntokens", "time", "cost")[:9 if priced else 8]:
         table.add_column(column, justify="left" if column in ("arm", "engine", "model", "prompt") else "right",
                          overflow="fold" if column == "model" else "ellipsis")  # a long model name wraps, whole
@@ -400,8 +400,6 @@ def sql(
     elif format_ == "json":
         sys.stdout.write(rows.json() + "\n")
     else:
-        from flows.sql_table import result_table
-
         table, notes = result_table(rows, out.width)
         out.print(table)
         for note in notes:
@@ -615,7 +613,7 @@ def models_list() -> None:
     from engines.models import MODELS, cache_dir, cached
 
     # Narrow enough for an 80-column terminal: the names whole, each model's description below.
-    table = Table(title=f"bundled models (cache: {cache_dir()})", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    table = narrow_table(title=f"bundled models (cache: {cache_dir()})")
     for column in ("model", "type", "prompt format", "size", "cached"):
         table.add_column(column, justify="right" if column == "size" else "left", no_wrap=column == "model")
     for source in MODELS.values():

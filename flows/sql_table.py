@@ -8,11 +8,14 @@ as markup). ``--format csv`` or ``json`` give every row and column.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from warehouse.readonly import Rows
+if TYPE_CHECKING:
+    from warehouse.readonly import Rows
 
 #: Rows shown of a longer result: its first and last halves, with a row of "…" between.
 MAX_ROWS = 40
@@ -21,6 +24,12 @@ TEXT_WIDTH = 32
 #: DuckDB's numeric types (without their parameters): right-aligned.
 NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
            "UHUGEINT", "FLOAT", "DOUBLE", "DECIMAL"}
+
+
+def narrow_table(**kwargs: Any) -> Table:
+    """The CLI's tables (``keynes sql``, ``plan``, ``models list``): a rule under the heading and
+    no frame, so that they fit an 80-column terminal."""
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, **kwargs)
 
 
 def cell(value) -> str:
@@ -46,7 +55,7 @@ def result_table(rows: Rows, width: int) -> tuple[Table, list[str]]:
         if fits and used + need > width:
             break
         fits, used = fits + 1, used + need
-    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    table = narrow_table(show_header=True, header_style="bold")
     for name, type_ in zip(rows.columns[:fits], rows.types[:fits]):
         numeric = type_.split("(")[0] in NUMERIC
         table.add_column(Text(name), justify="right" if numeric else "left", overflow="fold")

@@ -16,12 +16,12 @@ kinds in turn in a shuffled order:
 
 After a kill the same command runs again once the killed one has exited, until one completes
 (the next kill lands in that rerun). A run survives the kill of an actor (Ray restarts it) or
-of its temporary API (keynes starts it again, flows/temporary_api.py) and gets its next kill
+of its temporary API (keynes starts it again, cli/runtime/temporary_api.py) and gets its next kill
 later on. Then both warehouses are compared table by table (every table of the schema,
 found by a query), without the columns of timing and placement: a sha256 over each table's
 sorted rows, rows lost and rows extra (EXCEPT ALL both ways), rows duplicated (per key:
 ``count(*) - count(distinct key)``). Orphans: processes that carry a killed run's
-``KEYNES_RUN_TAG`` (flows/processes.py) still running once the next run has started.
+``KEYNES_RUN_TAG`` (cli/runtime/processes.py) still running once the next run has started.
 
     uv run python benchmarks/chaos.py                                   # (a) 100,000 simulated agents, 5 rounds, 2 arms, K=20
     uv run python benchmarks/chaos.py --experiment gemma                # (b) 2,000 Gemma agents, 3 rounds, shared context
@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from flows.processes import TAG, tag_of, tagged  # noqa: E402
+from cli.runtime.processes import TAG, tag_of, tagged  # noqa: E402
 
 KINDS = ("run-sigkill", "actor-sigkill", "api-sigkill", "run-sigterm", "ctrl-c")
 #: Kinds after which the run goes on (Ray restarts the actor, keynes its temporary API); after the others it exits.
@@ -89,7 +89,7 @@ EXPERIMENTS = {
 def keynes_command() -> list[str]:
     """The installed `keynes` script beside this interpreter, as users call it (else the module)."""
     script = Path(sys.executable).with_name("keynes")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "flows.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cli.app"]
 
 
 def write_config(path: Path, args: argparse.Namespace) -> dict:
@@ -123,7 +123,7 @@ class Attempt:
                                           stderr=subprocess.STDOUT, start_new_session=True,
                                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.pid = self.popen.pid
-        self.tag = tag_of(psutil.Process(self.pid))  # as flows.processes.guard sets it
+        self.tag = tag_of(psutil.Process(self.pid))  # as cli.runtime.processes.guard sets it
         self.tagged_seen: set[int] = set()
         self.struck_at = 0.0  # seconds after its start of the last kill
         self.first_actor_s: float | None = None  # seconds after its start when its first actor ran

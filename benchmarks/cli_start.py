@@ -28,7 +28,7 @@ BARE = "import duckdb, sys; duckdb.connect(sys.argv[1], read_only=True).sql('sel
 def keynes_command() -> list[str]:
     """The installed `keynes` script beside this interpreter, as users call it (else the module)."""
     script = Path(sys.executable).with_name("keynes")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "flows.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cli.app"]
 
 
 def make_warehouse(folder: Path, how: str, agents: int) -> Path:

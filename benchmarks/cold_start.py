@@ -94,7 +94,7 @@ def run_once(engine: str, agents: int, folder: Path, prefect_home: Path, source:
     command = keynes_command()
     if source is not None:  # ahead of the installed (editable) keynes, for this process and its Ray workers
         env["PYTHONPATH"] = os.pathsep.join([str(source.resolve())] + [p for p in [env.get("PYTHONPATH")] if p])
-        command = [sys.executable, "-m", "flows.cli"]
+        command = [sys.executable, "-m", "cli.app"]
     lines: list[tuple[float, str]] = []
     start = time.time()
     process = subprocess.Popen(command + ["run", str(config), "--db", str(db)], cwd=folder, env=env,
@@ -160,13 +160,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="Runs per engine, the engines taking turns; each run's figures are printed, then the best and the median ratio.")
     parser.add_argument("--prefect-home", type=Path, help="A PREFECT_HOME with a migrated database (default: one made first, untimed).")
     parser.add_argument("--source", type=Path, help="Run the keynes of this source checkout (e.g. an earlier commit's `git worktree`) "
-                        "instead of the installed script: python -m flows.cli with the checkout first on PYTHONPATH.")
+                        "instead of the installed script: python -m cli.app with the checkout first on PYTHONPATH.")
     args = parser.parse_args()
     if args.repeat < 1 or args.agents < 1:
         parser.error("--repeat and --agents: at least 1")
     if args.source is not None and not (args.source / "flows" / "cli.py").is_file():
-        parser.error(f"--source: {str(args.source)!r} is not a keynes checkout (no flows/cli.py)")
-    keynes = f"python -m flows.cli from {args.source}" if args.source else " ".join(keynes_command())
+        parser.error(f"--source: {str(args.source)!r} is not a keynes checkout (no cli/app.py)")
+    keynes = f"python -m cli.app from {args.source}" if args.source else " ".join(keynes_command())
     print(f"cold start: keynes run, {args.agents:,} agents of education.yaml, round 1, basic prompt, 2 actors, shards of {args.shard_size:,}, "
           f"no report; {keynes}")
     with tempfile.TemporaryDirectory(prefix="keynes-cold-start-") as tmp:

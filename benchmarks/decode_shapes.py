@@ -10,7 +10,7 @@ use, one thread as one actor has: a real round-5 prompt of the paper's five-roun
 - in one KV stream, in blocks of 16 (the exact paths' block), 32, 64 and 128 tokens a decode;
 - in K streams at once, a 16-token block of each per decode (prompts batched together);
 - as answer-tree nodes: K rows a decode, each in a stream that holds the prompt, computing the
-  answer tokens' logits only (engines/llamacpp_head.py), as the shared path's steps do (K = 2).
+  answer tokens' logits only (engines/llamacpp/head.py), as the shared path's steps do (K = 2).
 
 Each figure is the best of ``--repeat`` runs (the machine is shared: the best is the closest to
 what the decode itself costs).
@@ -78,9 +78,9 @@ def main() -> None:
     import llama_cpp
     from llama_cpp import Llama
 
-    from engines.llamacpp_batch import Sequences
-    from engines.llamacpp_internals import quiet
-    from engines.llamacpp_shared import output_head, prompt_tokens
+    from engines.llamacpp.batch import Sequences
+    from engines.llamacpp.internals import quiet
+    from engines.llamacpp.shared_context import output_head, prompt_tokens
     from engines.models import gguf_path
 
     with quiet():

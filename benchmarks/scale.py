@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from flows import settings  # noqa: E402
+from cli.runtime import settings  # noqa: E402
 
 # Before Prefect is imported: its settings are read at import.
 settings.apply({"RAY_AUTH_MODE": "disabled"})

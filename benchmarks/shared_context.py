@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 
 from core.game import GameRule  # noqa: E402
 from core.seeds import sampling_seeds  # noqa: E402
-from engines import Constraint, RequestBatch, Sampling, reason_and_answer  # noqa: E402
+from engines import Constraint, RequestBatch, Sampling  # noqa: E402
 from populations.sampler import sample  # noqa: E402
 from populations.spec import load_spec  # noqa: E402
 from prompts.context import agent_variables, game_context  # noqa: E402
@@ -98,13 +98,13 @@ def section_a(n: int, per_agent_n: int, threads: int) -> None:
 
 
 def section_c(n: int, threads: int, max_reasoning: int = 48) -> None:
-    print(f"(c) chain of thought, {n} agents, at most {max_reasoning} reasoning tokens (as the flow runs it: engines.reason_and_answer)")
+    print(f"(c) chain of thought, {n} agents, at most {max_reasoning} reasoning tokens (as the flow runs it: Engine.reason_and_answer)")
     batch = workload(n, "cot.j2")
     free = RequestBatch(batch.agent_id, batch.prompt, batch.seed, Sampling(0.7, max_reasoning), None)
     rates = []
     for label, shared, slots in (("per-agent path", False, None), ("shared, sequences 8 (default)", True, 8), ("shared, sequences 32", True, 32)):
         e = engine(shared, threads, slots)
-        _, wall, cpu = timed(lambda e=e: reason_and_answer(e, free, batch, FINAL_CUE))
+        _, wall, cpu = timed(lambda e=e: e.reason_and_answer(free, batch, FINAL_CUE))
         rates.append(row(label, n, wall, cpu))
         e.close()
     print(f"  ratio: {rates[1] / rates[0]:.2f}x decisions/s (sequences 8), {rates[2] / rates[0]:.2f}x (sequences 32)")
@@ -130,7 +130,7 @@ def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, 
     from benchmarks.scale import MemorySampler
 
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "flows.cli", "run", str(REPO / config), "--db", f"{tmp}/b.duckdb",
+        cmd = [sys.executable, "-m", "cli.app", "run", str(REPO / config), "--db", f"{tmp}/b.duckdb",
                "--set", f"population.size={n}", "--set", f"game.rounds={rounds}",
                "--set", f"workers.shard_size={shard_size}", "--set", f"workers.actors={actors}",
                "--set", f"arms.engines=[{{kind: llamacpp, shared_context: {str(shared).lower()}}}]",

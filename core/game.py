@@ -33,6 +33,16 @@ def parse_fraction(value: object) -> Fraction:
     raise ValueError(f"{value!r} is not a fraction")
 
 
+#: What a prompt is told of an earlier round (``history``'s entries; the ``rounds`` table's columns).
+HISTORY_FIELDS = ("round", "n", "n_valid", "mean", "median", "target", "winning_guess", "n_winners")
+
+
+def history_row(round_: int, n: int, mean: float, target: float, n_winners: int) -> dict[str, float | int]:
+    """An earlier round as a prompt is told it, from the few numbers that decide its text (all of
+    ``n`` agents valid, the median at the mean, the winning guess at the target)."""
+    return dict(zip(HISTORY_FIELDS, (round_, n, n, mean, mean, target, target, n_winners)))
+
+
 class History(BaseModel):
     """What agents are told of earlier rounds (from round 2): every earlier round or the last
     ``rounds`` of them, each with or without the agent's own guess in it.
@@ -73,6 +83,12 @@ class History(BaseModel):
         if self.rounds == "all":
             return past
         return past[len(past) - self.rounds:] if self.rounds else []
+
+    def own_guesses_in(self, round_: int) -> int:
+        """How many of an agent's own earlier guesses its prompt of ``round_`` holds."""
+        if round_ == 1 or not self.own_guesses or self.rounds == 0:
+            return 0
+        return round_ - 1 if self.rounds == "all" else min(round_ - 1, self.rounds)
 
     def describe(self) -> str:
         """The setting in words, e.g. "every earlier round, with own guesses"."""

@@ -17,14 +17,14 @@ import hashlib
 import importlib
 import json
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from core.game import GameRule
-    from engines.board import Board
+    from engines.shared_context.board import Board
 
 
 # --------------------------------------------------------------------------- requests
@@ -57,7 +57,7 @@ class Sampling:
 
     The knobs besides ``temperature`` and ``max_tokens`` come from the arm
     (``arms.sampling``, ``SamplingSettings``); their defaults are llama.cpp's, which keep a
-    small base model from looping. ``engines.exact.Chain`` documents the order in
+    small base model from looping. ``engines.shared_context.Chain`` documents the order in
     which they apply.
     """
 
@@ -79,10 +79,10 @@ class SamplingSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: the smallest set of tokens with this much probability (1 = off).")
-    top_k: int = Field(40, ge=0, description="Only the k likeliest tokens (0 = off).")
-    min_p: float = Field(0.05, ge=0, le=1, description="Only tokens at least this fraction as likely as the likeliest (0 = off).")
-    repeat_penalty: float = Field(1.1, gt=0, description="Penalty on tokens already generated in this completion (1 = off); keeps small base models from looping.")
+    top_p: float = Field(Sampling.top_p, gt=0, le=1, description="Nucleus sampling: the smallest set of tokens with this much probability (1 = off).")
+    top_k: int = Field(Sampling.top_k, ge=0, description="Only the k likeliest tokens (0 = off).")
+    min_p: float = Field(Sampling.min_p, ge=0, le=1, description="Only tokens at least this fraction as likely as the likeliest (0 = off).")
+    repeat_penalty: float = Field(Sampling.repeat_penalty, gt=0, description="Penalty on tokens already generated in this completion (1 = off); keeps small base models from looping.")
 
     def sampling(self, temperature: float, max_tokens: int) -> Sampling:
         return Sampling(temperature, max_tokens, self.top_p, self.top_k, self.min_p, self.repeat_penalty)
@@ -157,7 +157,7 @@ class CompletionBatch:
     latency_s: np.ndarray
     attempts: np.ndarray
     error: list[str | None]
-    #: Shared-context answers (``engines.exact``): True where the prompt was evaluated
+    #: Shared-context answers (``engines.shared_context``): True where the prompt was evaluated
     #: once for every agent with the same prompt; None from per-agent engines.
     shared_prompt: np.ndarray | None = None
     #: Each agent's group key (its prompt's context hash) on the shared path.
@@ -193,7 +193,7 @@ class Engine(Protocol):
     evaluated so far, and the least any evaluation could (None: not counted).
     ``reason_and_answer`` runs a chain of thought's two phases. ``share_answers``: the engine is
     one of a pool's ``peers`` (this one ``owner``); an engine with shared-context answers computes
-    each distinct prompt's distribution once for the pool through ``board`` (``engines.board``).
+    each distinct prompt's distribution once for the pool through ``board`` (``engines.shared_context.board``).
     ``EngineBase`` gives the defaults of these.
     """
 
@@ -237,12 +237,6 @@ def two_phases(engine: Engine, free: RequestBatch, answer: RequestBatch, cue: st
     return reasoning, engine.generate(follow)
 
 
-def reason_and_answer(engine: Engine, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
-    """Chain of thought on ``engine``: its own ``reason_and_answer`` (``two_phases`` unless the
-    engine runs both phases its own way, e.g. keeping each agent's context between them)."""
-    return engine.reason_and_answer(free, answer, cue)
-
-
 class EngineBase:
     """The defaults of the protocol's optional members, inherited by every engine: prompts as
     plain text, no rate-limit waits, chain of thought as two ``generate`` calls."""
@@ -269,7 +263,7 @@ class EngineSpec(BaseModel):
     num_gpus: float = Field(0.0, ge=0, description="GPUs reserved for each Ray actor that owns this engine.")
 
     @property
-    def keeps_distributions(self) -> bool:
+    def uses_shared_context(self) -> bool:
         """Whether the engine answers constrained batches from each distinct prompt's exact
         distribution and keeps it for later batches (shared-context answers): then a batch of a
         round's distinct prompts, answered ahead of its shards, makes them cheap and changes none."""
@@ -349,11 +343,20 @@ class EngineSpec(BaseModel):
         """What these tokens cost on this engine; None: no price configured."""
         return None
 
+    def rate_limits(self) -> tuple[float | None, float | None]:
+        """Requests and tokens per minute that every actor of this engine shares (None: no limit)."""
+        return None, None
+
     @property
     def key(self) -> str:
         """A short stable hash of this spec: one actor pool per distinct engine."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return spec_key(self)
+
+
+def spec_key(spec: BaseModel) -> str:
+    """A short stable hash of an engine's settings (an engine spec's, a mixture's)."""
+    blob = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 # --------------------------------------------------------------------------- registry
@@ -401,6 +404,12 @@ def parse_spec(value: Any) -> EngineSpec:
     if "kind" not in value:
         raise ValueError(f"an engine needs a 'kind'; available: {', '.join(available())}")
     return spec_class(value["kind"]).model_validate(value)
+
+
+def spec_union(*extra: type[BaseModel]) -> Any:
+    """The type of an engine setting: every registered engine's spec (and ``extra``), told apart by ``kind``."""
+    classes = tuple(spec_class(kind) for kind in available()) + extra
+    return classes[0] if len(classes) == 1 else Annotated[Union[classes], Field(discriminator="kind")]
 
 
 def build_engine(spec: EngineSpec) -> Engine:

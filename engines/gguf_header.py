@@ -1,7 +1,7 @@
 """A GGUF file's header, read without decoding its arrays (the vocabulary is skipped, not parsed):
 its scalar and string metadata, its tensors' shapes, types and offsets, and where their data starts.
 ``gguf.GGUFReader`` decodes every field first (57 s for Gemma's 262,144 tokens here); this takes
-~0.05 s. Used by ``engines.convert`` (metadata) and ``engines.llamacpp_head`` (the output matrix).
+~0.05 s. Used by ``engines.vllm.convert`` (metadata) and ``engines.llamacpp.head`` (the output matrix).
 """
 
 from __future__ import annotations

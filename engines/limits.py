@@ -4,14 +4,14 @@
 reservations: a caller learns how long to wait before it may send, and the bucket is debited
 at once, so concurrent callers queue up instead of all going when it refills. A server's
 ``Retry-After`` holds every caller back. On Ray the buckets live in one named actor per
-engine config (``SharedLimits``), created by the driver, so all actors of a run share them.
+engine config (``tasks.limits``: the workers' side), created by the driver, so all actors of a run
+share them; ``Limiter`` finds it by name.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 #: Seconds of traffic a bucket may send at once: limits are kept per second, not per minute,
 #: so a run never bursts a minute's quota and then stalls (servers count over sliding windows).
@@ -75,36 +75,6 @@ def actor_name(key: str) -> str:
     return f"keynes-limits-{key}"
 
 
-def _remote_class() -> Any:
-    import ray
-
-    @ray.remote(num_cpus=0, max_restarts=-1)
-    class SharedLimits(Limits):
-        """``Limits`` in a Ray actor: one per engine config, for all of its actors."""
-
-    return SharedLimits
-
-
-_REMOTE: list[Any] = []
-#: Handles the driver keeps, so each shared actor lives as long as the run.
-_HELD: dict[str, Any] = {}
-
-
-def shared(key: str, requests_per_minute: float | None, tokens_per_minute: float | None) -> Any:
-    """The named actor that holds these limits on the Ray cluster (created on first call)."""
-    if not _REMOTE:
-        _REMOTE.append(_remote_class())
-    return _REMOTE[0].options(name=actor_name(key), get_if_exists=True).remote(requests_per_minute, tokens_per_minute)
-
-
-def ensure_shared(spec: Any) -> None:
-    """In the driver, before an engine's actors start: create its shared limits (if it has
-    any), so they belong to the run, not to whichever actor asks first."""
-    rpm, tpm = getattr(spec, "requests_per_minute", None), getattr(spec, "tokens_per_minute", None)
-    if (rpm or tpm) and spec.key not in _HELD:
-        _HELD[spec.key] = shared(spec.key, rpm, tpm)
-
-
 class Limiter:
     """What an engine calls before each request: ``await limiter.acquire(tokens)``.
 
@@ -117,13 +87,13 @@ class Limiter:
         self.waited_s = 0.0
         self._remote = None
         self._local = Limits(requests_per_minute, tokens_per_minute)
-        try:
-            import ray
+        import ray
 
-            if ray.is_initialized():
-                self._remote = shared(key, requests_per_minute, tokens_per_minute)
-        except ImportError:
-            pass
+        if ray.is_initialized():
+            try:  # the run's shared limits, created by the driver (``tasks.limits.ensure_shared``)
+                self._remote = ray.get_actor(actor_name(key))
+            except ValueError:  # no pool made them: this engine keeps its own
+                pass
 
     async def acquire(self, tokens: float = 0.0) -> float:
         import asyncio

@@ -7,10 +7,8 @@ to components by quota (largest remainder), in an order drawn from the run seed.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -20,17 +18,12 @@ from core.quotas import quota_counts
 from core.seeds import agent_seeds
 
 
-def _engine_union() -> Any:
-    classes = tuple(engines.spec_class(kind) for kind in engines.available())
-    return classes[0] if len(classes) == 1 else Annotated[Union[classes], Field(discriminator="kind")]
-
-
 class MixtureComponent(BaseModel):
     """One engine of a mixture and the share of agents it plays."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    engine: _engine_union() = Field(description="An engine, a mapping with `kind:` and its settings.")  # type: ignore[valid-type]
+    engine: engines.spec_union() = Field(description="An engine, a mapping with `kind:` and its settings.")  # type: ignore[valid-type]
     fraction: float = Field(gt=0, le=1, description="The share of the population this engine plays.")
 
 
@@ -75,8 +68,7 @@ class MixtureSpec(BaseModel):
     @property
     def key(self) -> str:
         """A short stable hash of this spec (as ``EngineSpec.key``)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return engines.spec_key(self)
 
     def counts(self, n: int) -> np.ndarray:
         """Agents per component: fraction × n, rounded by largest remainder (sums to n)."""

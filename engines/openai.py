@@ -69,6 +69,9 @@ class OpenAISpec(EngineSpec):
         """The configured format; the chat template is the server's (not visible to keynes)."""
         return {"format": self.prompt_format, "chat_template_sha256": None, "chat_template": "server" if self.prompt_format == "chat" else None}
 
+    def rate_limits(self) -> tuple[float | None, float | None]:
+        return self.requests_per_minute, self.tokens_per_minute
+
     def predicted_seconds(
         self, agents: int, rounds: int, phases: int, actors: int, seconds_per_agent: float | None, tokens_per_agent: float | None,
         shard_seconds_per_agent: float | None = None,

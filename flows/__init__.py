@@ -1,6 +1,7 @@
-"""Flows: the Prefect flow ``experiment``, the experiment config (models and loading),
-deployments, what the Prefect UI shows, and the ``keynes`` CLI.
+"""Flows: the Prefect flow ``experiment``, its deployments and schedules, and what the Prefect UI
+shows of a run (artifacts, failures, interrupted runs marked).
 
-The only layer that knows about the command line; it calls the stages in ``tasks`` and
-composes domain types from ``core``, ``engines``, ``populations`` and ``prompts``.
+Prefect only: the experiment's design lives in ``design``, the stages in ``tasks``, the command
+line in ``cli``. The flow calls the stages in order and reaches the warehouse only through the
+store stage (tests/test_layering.py).
 """

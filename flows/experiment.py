@@ -19,14 +19,14 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Completed
 
+from design.arms import Arm, check_prompt_inputs
+from design.budget import check_context
+from design.config import ConfigError, ExperimentConfig
+from design.loading import load_config
+from design.prompting import check_prompting, engine_index
 from flows import monitor
-from flows.config import ConfigError, ExperimentConfig
 from flows.failures import one_line_failures
-from flows.loading import load_config
-from flows.prompting import check_prompting, engine_index
 from tasks import progress, store
-from tasks.arms import Arm, check_prompt_inputs
-from tasks.budget import check_context
 from tasks.environment import environment, group_environments
 from tasks.personas import experiment_personas
 from tasks.play import answer_ahead, play_round

@@ -28,8 +28,8 @@ from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import PrefectConsoleHandler
 from prefect.states import Failed
 
-from flows.config import ConfigError
-from flows.loading import load_config
+from design.config import ConfigError
+from design.loading import load_config
 from tasks import store
 from tasks.retries import INTERRUPTED
 from warehouse.store import WarehouseError

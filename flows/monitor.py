@@ -26,9 +26,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 
 from core.game import RoundOutcome
+from design.arms import Arm
 from reports.urls import page_url, report_base_url
 from tasks import progress
-from tasks.arms import Arm
 from tasks.artifacts import artifact_key, safely
 from warehouse.store import Warehouse
 

@@ -20,14 +20,14 @@ import polars as pl
 import ray
 
 from core.seeds import sampling_seeds
-from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine, reason_and_answer
-from engines.board import AnswerBoard
+from design.arms import Arm
+from engines import CompletionBatch, Constraint, EngineSpec, RequestBatch, SamplingSettings, build_engine
+from engines.shared_context.board import AnswerBoard
 from prompts.answers import parse_answers
 from prompts.chat import split_cues
 from prompts.context import agent_variables
 from prompts.modes import FINAL_CUE
 from prompts.render import render
-from tasks.arms import Arm
 from tasks.timings import mark
 
 
@@ -126,8 +126,8 @@ class ShardPlayer:
         errors: list[str | None] = [None] * len(ids)
         ask = RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_answer_tokens), constraint, rule, openings)
         if arm.mode.reasoning:
-            free, answer = reason_and_answer(
-                self.engine, RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_reasoning_tokens), None, opening=openings),
+            free, answer = self.engine.reason_and_answer(
+                RequestBatch(ids, prompts, seeds, settings.sampling(arm.temperature, arm.max_reasoning_tokens), None, opening=openings),
                 ask, FINAL_CUE,
             )
             reasoning = free.text
@@ -178,13 +178,17 @@ class ShardPlayer:
                            self.engine.tokens_evaluated - work[0] if counted else None,
                            self.engine.tokens_bound - work[1] if counted else None)
 
+    def play_agents(self, arm: Arm, seed: int, round_: int, shard: int, agents: pl.DataFrame, shared: dict[str, Any]) -> ShardResult:
+        """One shard of ``agents`` in this process (``keynes plan``'s calibration, ``design.plan.Player``)."""
+        return self.play(ShardJob(arm, seed, round_, shard, agents, shared))
+
     def close(self) -> None:
         """Release the engine (its model and connections)."""
         self.engine.close()
 
 
 class HostedBoard:
-    """A pool's answer board (``engines.board``) as its other actors see it: in its first actor,
+    """A pool's answer board (``engines.shared_context.board``) as its other actors see it: in its first actor,
     the named actor ``host`` (looked up at first use, when it has been created)."""
 
     def __init__(self, host: str):

@@ -18,13 +18,14 @@ import polars as pl
 from prefect import task
 from prefect.cache_policies import NONE
 
+from design.arms import Arm
+from design.seen import seen
 from engines import Constraint, EngineSpec
-from engines.exact import shares
 from engines.mixture import MixtureSpec, shard_index
-from prompts.context import prompt_columns, round_variables, shown_own_guesses
+from engines.shared_context import applies
+from prompts.context import prompt_columns
 from tasks import progress
 from tasks.actor import ShardJob, ShardResult
-from tasks.arms import Arm
 from tasks.pool import check_resources, pool_for, pool_size, run_pools
 from tasks.retries import ON_TRANSIENT_ERRORS
 from tasks.store import Warehouse, commit_shards, stored_round
@@ -89,16 +90,16 @@ def answer_ahead(arm: Arm, seed: int, personas: pl.DataFrame, warehouse: Warehou
 
     With shared-context answers every shard of round 1 holds the same few persona prompts; the
     actors (their engines loaded while the flow writes its rows) compute their distributions
-    between them (``engines.board``) and keep them, so the first shards only draw. The prompts
+    between them (``engines.shared_context.board``) and keep them, so the first shards only draw. The prompts
     are the round's own (the same inputs as ``play_round``), so no guess changes. Only a plain
     engine that keeps distributions, direct answers, at most ``AHEAD_MAX`` distinct prompts.
     Returns how many were handed over (0: none).
     """
     engine = arm.engine
     rule = arm.rule
-    if arm.mode.reasoning or not isinstance(engine, EngineSpec) or not engine.keeps_distributions:
+    if arm.mode.reasoning or not isinstance(engine, EngineSpec) or not engine.uses_shared_context:
         return 0
-    if not shares(Constraint(rule.low, rule.high, rule.integer)):
+    if not applies(Constraint(rule.low, rule.high, rule.integer)):
         return 0
     done, agents, shared = _round_inputs(arm, 1, personas, warehouse)
     attributes, play = prompt_columns(agents.columns)
@@ -116,9 +117,8 @@ def _round_inputs(arm: Arm, round_: int, personas: pl.DataFrame, warehouse: Ware
     (persona, the own guesses ``game.history`` shows) and the round's shared variables."""
     # Nested environments: each agent is told its group's results.
     stored = stored_round(warehouse, arm.run_id, round_, grouped="group" in personas.columns)
-    agents = personas if stored.own_guesses is None else personas.join(stored.own_guesses, on="agent_id", how="left")
-    agents = shown_own_guesses(agents, arm.rule.history)  # game.history: the last N, or none
-    return stored.done, agents, round_variables(arm.rule, personas, round_, stored.history, stored.group_history)
+    shared, agents = seen(arm.rule, personas, round_, stored.history, own_guesses=stored.own_guesses, group_history=stored.group_history)
+    return stored.done, agents, shared
 
 
 def _components(arm: Arm, personas: pl.DataFrame, seed: int, actors: int) -> tuple[list[EngineSpec], np.ndarray, list[int]]:

@@ -21,11 +21,11 @@ from typing import Any, Callable, Iterator
 
 import ray
 
+from design.arms import Arm
 from engines import EngineSpec
-from engines.limits import ensure_shared
 from engines.mixture import MixtureSpec
 from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
-from tasks.arms import Arm
+from tasks.limits import ensure_shared
 from tasks.timings import mark
 
 __all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "pool_size", "run_pools", "shutdown_pools", "stop_ray", "warm_pool"]
@@ -82,7 +82,7 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
     Returns what is known of the cluster: ``address`` and ``dashboard_url`` (or None).
     A local Ray gets the machine's CPU count unless ``num_cpus`` says otherwise, and listens
     on 127.0.0.1 only: its node address is loopback when ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
-    was set before Ray was imported (``flows.settings.apply`` sets it); otherwise a warning
+    was set before Ray was imported (``cli.runtime.settings.apply`` sets it); otherwise a warning
     says that it listens on every interface.
     """
     if not ray.is_initialized():
@@ -151,7 +151,7 @@ class WorkerPool:
             "scheduling_strategy": "SPREAD",
         }
         ensure_shared(spec)  # an engine's rate limits, shared by its actors, belong to this driver
-        # The first actor holds the pool's answer board (engines.board): each distinct prompt's
+        # The first actor holds the pool's answer board (engines.shared_context.board): each distinct prompt's
         # distribution is computed by one actor of the pool. The others find it by its name (an
         # actor handle among their constructor's arguments would make Ray keep those in its
         # object store, where a restart may not find them).

@@ -25,8 +25,8 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from core.game import RoundOutcome
+from design.arms import Arm
 from tasks.actor import ShardJob, ShardResult
-from tasks.arms import Arm
 from tasks.retries import ON_TRANSIENT_ERRORS
 from warehouse.store import Warehouse
 

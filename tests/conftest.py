@@ -7,14 +7,14 @@ import os
 import shutil
 import tempfile
 
-from flows import settings
+from cli.runtime import settings
 
 # Prefect reads its settings at import: point it at a throwaway home first (removed at exit;
 # pytest's workers inherit the first process's).
 if "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="keynes-prefect-")
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
-# keynes's own process settings (flows/settings.py), as the CLI sets them.
+# keynes's own process settings (cli/runtime/settings.py), as the CLI sets them.
 settings.apply({"RAY_AUTH_MODE": "disabled"})
 # On a busy shared machine Ray's Python agents can take longer than the raylet's default
 # wait to register (the raylet then aborts); set before any test starts a Ray.

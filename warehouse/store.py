@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from core.game import HISTORY_FIELDS
 from warehouse.files import WarehouseError, WarehouseFile, frame_of
 from warehouse.views import ensure_views
 
@@ -287,7 +288,7 @@ class Warehouse(WarehouseFile):
         with self.connect() as con:
             return frame_of(
                 con,
-                f"SELECT {group}round, n, n_valid, mean, median, target, winning_guess, n_winners FROM {table} "
+                f"SELECT {group}{', '.join(HISTORY_FIELDS)} FROM {table} "
                 f"WHERE run_id = ? AND round < ? ORDER BY {group}round",
                 [run_id, before_round],
             )

@@ -33,7 +33,7 @@ def commands() -> list[list[str]]:
 
 
 def keynes(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_script_parses_and_names_a_defined_extra():
@@ -74,7 +74,7 @@ def test_the_model_it_prepares_is_bundled():
 
 
 def test_the_experiment_it_runs_is_a_valid_config():
-    from flows.loading import load_config
+    from design.loading import load_config
 
     (command,) = [c[4:] for c in commands() if c[4:6] == ["keynes", "run"]]
     assert command[3:] == ["--db", "$DB", "--set", "workers.actors=$ACTORS"], command

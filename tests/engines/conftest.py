@@ -30,7 +30,7 @@ def gguf() -> Path:
 def gemma_hf() -> Path:
     """Gemma 3 270M as the Hugging Face folder vLLM loads, converted from the GGUF on first use
     (cached in the keynes model cache; later sessions find it prepared)."""
-    from engines.convert import prepare
+    from engines.vllm.convert import prepare
 
     return prepare("gemma-3-270m")
 

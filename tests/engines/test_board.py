@@ -1,4 +1,4 @@
-"""A pool's answer board (``engines.board``): who computes which prompt, and what a peer that
+"""A pool's answer board (``engines.shared_context.board``): who computes which prompt, and what a peer that
 dies or a board that fails leaves behind. Plain Python, threads for the peers (the real
 engines sharing a board: tests/engines/test_shared_streams.py; through Ray: tests/flows/)."""
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engines.board import AnswerBoard, Claims
+from engines.shared_context.board import AnswerBoard, Claims
 
 pytestmark = pytest.mark.quick
 

@@ -29,8 +29,8 @@ from scipy.stats import chi2, ncx2
 from core.game import GameRule
 from core.seeds import agent_seeds
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
-from engines.exact import Chain, answer_language
-from engines.llamacpp_shared import SharedContext, answer_vocab
+from engines.llamacpp.shared_context import LlamaCppSharedContext, answer_vocab
+from engines.shared_context import Chain, answer_language
 from prompts.answers import number_regex
 from prompts.chat import split_cues
 from prompts.context import game_context
@@ -110,7 +110,7 @@ def spellings(text: str, pieces: dict[str, list[int]]) -> list[tuple[int, ...]]:
 
 
 def test_each_probability_equals_its_token_paths_evaluated_directly(engine):
-    chain = engine.chain(Sampling(0.7, 8))
+    chain = Chain.of(Sampling(0.7, 8))
     dist = shared_distribution(engine, SHORT, Sampling(0.7, 8))
     llm = engine.llm
     vocab = answer_vocab(llm)  # the model's own token texts (what its grammar matches)
@@ -120,7 +120,7 @@ def test_each_probability_equals_its_token_paths_evaluated_directly(engine):
     language = set(answer_language(0, 100))
     prefixes = {s[:i] for s in language for i in range(len(s) + 1)}
     # The chat-rendered prompt writes its own BOS: none is added (as llama.cpp's chat completion).
-    prompt = SharedContext(llm).prompt_tokens(engine.chat_template.render_all(*split_cues([SHORT]))[0], add_bos=False)
+    prompt = LlamaCppSharedContext(llm).prompt_tokens(engine.chat_template.render_all(*split_cues([SHORT]))[0], add_bos=False)
     n_vocab = llm.n_vocab()
 
     memo: dict[tuple[int, ...], np.ndarray] = {}

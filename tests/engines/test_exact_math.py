@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engines import Constraint
-from engines.exact import MAX_SHARED_ANSWERS, AnswerTree, AnswerVocab, Chain, answer_count, answer_language, shares, walk
+from engines.shared_context import MAX_SHARED_ANSWERS, AnswerTree, AnswerVocab, Chain, answer_count, answer_language, applies, walk
 from prompts.answers import number_regex
 
 pytestmark = pytest.mark.quick
@@ -50,7 +50,7 @@ def test_the_language_is_number_regex_with_an_optional_space():
 def test_the_tree_holds_every_tokenisation_of_every_answer():
     v = vocab()
     language = [s for s in answer_language(0, 100) if set(s) <= set(" 0125")]
-    tree = AnswerTree.build(language, v, max_tokens=8)
+    tree = AnswerTree(language, v, max_tokens=8)
     leaves = set()
     for node in tree.nodes():
         if any(c is None for _, c in node.children):
@@ -64,7 +64,7 @@ def test_the_tree_holds_every_tokenisation_of_every_answer():
 def test_probabilities_are_products_along_paths_and_sum_to_one():
     v = vocab()
     language = [s for s in answer_language(0, 100) if set(s) <= set(" 0125")]
-    tree = AnswerTree.build(language, v, max_tokens=8)
+    tree = AnswerTree(language, v, max_tokens=8)
     rng = np.random.default_rng(0)
     table = rng.normal(size=(64, len(PIECES))).astype(np.float32)
 
@@ -120,7 +120,7 @@ def test_the_chain_follows_llama_cpp():
 
 def test_draws_follow_the_seed_only():
     v = vocab()
-    tree = AnswerTree.build([s for s in answer_language(0, 100) if set(s) <= set(" 0125")], v, max_tokens=8)
+    tree = AnswerTree([s for s in answer_language(0, 100) if set(s) <= set(" 0125")], v, max_tokens=8)
     dist = walk([tree], [Chain(temperature=1.0, top_k=0, min_p=0.0)], lambda rs: [np.zeros(len(r.tokens), np.float32) for r in rs])[0]
     seeds = np.arange(20_000, dtype=np.uint64) * 7919
     leaves = dist.draw(seeds)
@@ -134,7 +134,7 @@ def test_draws_follow_the_seed_only():
 def test_the_shared_path_takes_answer_languages_it_can_enumerate():
     for low, high, integer in [(0, 100, True), (0, 1, False), (17, 4321, True), (2.5, 7.5, False), (0, 100, False)]:
         assert answer_count(low, high, integer) == len(answer_language(low, high, integer, leading_space=False))
-    assert shares(Constraint(0, 100, True)) and shares(Constraint(0, 1, False)) and shares(Constraint(0, 999, True))
-    assert answer_count(17, 4321, True) == 4305 > MAX_SHARED_ANSWERS and not shares(Constraint(17, 4321, True))
-    assert answer_count(0, 100, False) == 11_101 > MAX_SHARED_ANSWERS and not shares(Constraint(0, 100, False))
-    assert not shares(None)
+    assert applies(Constraint(0, 100, True)) and applies(Constraint(0, 1, False)) and applies(Constraint(0, 999, True))
+    assert answer_count(17, 4321, True) == 4305 > MAX_SHARED_ANSWERS and not applies(Constraint(17, 4321, True))
+    assert answer_count(0, 100, False) == 11_101 > MAX_SHARED_ANSWERS and not applies(Constraint(0, 100, False))
+    assert not applies(None)

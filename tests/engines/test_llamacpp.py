@@ -106,7 +106,7 @@ def test_a_completion_prompt_has_at_most_a_token_per_byte_beyond_three(gguf, tex
     # The context check skips the tokenizer of a bundled completion-format model when the prompts'
     # bytes plus 3 fit (LlamaCppSpec.check_context); the bound must hold for any text, special
     # tokens written out and byte-fallback characters included.
-    from engines.llamacpp import _UNTEXTUAL_TOKENS
+    from engines.llamacpp.engine import _UNTEXTUAL_TOKENS
 
     texts = [text, "<bos>" + text, text + "<start_of_turn>user"]
     counted = parse_spec({"kind": "llamacpp"}).count_tokens(texts)
@@ -193,7 +193,7 @@ def test_shared_answers_count_the_tokens_they_evaluate_against_the_trie_bound(gg
     """The work counters of the shared path (stored per shard): a prompt never seen costs at
     least all its tokens; a later prompt costs at least its edges past the prefix it shares
     with the previous one; every answer-tree node after the root costs at least one token."""
-    from engines.llamacpp_blocks import common_prefix
+    from engines.llamacpp.blocks import common_prefix
 
     engine = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1}))
     try:

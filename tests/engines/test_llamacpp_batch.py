@@ -1,4 +1,4 @@
-"""Batched free text and chain of thought on the real Gemma 3 270M (``engines.llamacpp_batch``):
+"""Batched free text and chain of thought on the real Gemma 3 270M (``engines.llamacpp.batch``):
 an agent's text and answer depend on its own prompt and seed, never on who shares its batch."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec, reason_and_answer
+from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.modes import FINAL_CUE
 from tests.engines.test_llamacpp import prompts
 
@@ -37,14 +37,14 @@ def batches(idx: list[int], reasoning_tokens: int = 24) -> tuple[RequestBatch, R
 @pytest.fixture(scope="module")
 def whole(engine):
     free, answer = batches(list(range(N)))
-    return reason_and_answer(engine, free, answer, FINAL_CUE)
+    return engine.reason_and_answer(free, answer, FINAL_CUE)
 
 
 def test_an_agents_text_and_answer_do_not_depend_on_its_batch(engine, whole):
     reasoning, answers = whole
     # the same agents, reversed, and a few of them alone with others' slots idle
     for idx in (list(range(N))[::-1], [7, 2, 11]):
-        r, a = reason_and_answer(engine, *batches(idx), FINAL_CUE)
+        r, a = engine.reason_and_answer(*batches(idx), FINAL_CUE)
         assert list(r.text) == [reasoning.text[i] for i in idx]
         assert list(a.text) == [answers.text[i] for i in idx]
         got = a.distributions.sort("context", "answer")
@@ -64,7 +64,7 @@ def test_free_text_starts_and_ends_as_create_completion_does(engine):
     0.9 and texts part from the first token on."""
     from llama_cpp import Llama
 
-    from engines.llamacpp_blocks import BLOCK
+    from engines.llamacpp.blocks import BLOCK
 
     free = batches(list(range(N)), reasoning_tokens=24)[0]
     out = engine.generate(free)

@@ -1,4 +1,4 @@
-"""engines/llamacpp_internals.py on the real Gemma 3 270M: each use of llama-cpp-python's
+"""engines/llamacpp/internals.py on the real Gemma 3 270M: each use of llama-cpp-python's
 private members still does what the exact paths rely on. An upgrade that renames or changes one
 fails here, by name, before any answer drawn on the shared path could be wrong."""
 
@@ -9,7 +9,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from engines import llamacpp_internals as internals
+from engines.llamacpp import internals
 
 pytestmark = pytest.mark.llm
 
@@ -113,7 +113,7 @@ def test_a_second_context_on_the_same_weights_decodes_the_same_logits(llm):
 
 @pytest.mark.parametrize("seed", [1, 7, 0xFFFFFFFF])
 def test_the_completion_sampler_draws_create_completions_first_token(llm, seed):
-    """The chain applied to a logits row (as engines/llamacpp_batch.py applies it) draws the
+    """The chain applied to a logits row (as engines/llamacpp/batch.py applies it) draws the
     token ``create_completion`` draws with the same seed and settings."""
     import llama_cpp
 

@@ -80,12 +80,12 @@ def test_models_list_shows_the_bundled_models(tmp_path, monkeypatch):
     from rich.console import Console
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli.app import app
 
     monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
     gguf_path("smollm2-135m-instruct")  # in this cache; Gemma is not
     # An 80-column terminal holds the table: every name whole, to type into `keynes models prepare`.
-    monkeypatch.setattr("flows.cli.out", Console(width=80))
+    monkeypatch.setattr("cli.models.out", Console(width=80))
     result = CliRunner().invoke(app, ["models", "list"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()

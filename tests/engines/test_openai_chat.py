@@ -13,13 +13,13 @@ import polars as pl
 import pytest
 
 from core.game import GameRule
+from design.arms import Arm
 from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.answers import number_regex
 from prompts.chat import split_cues
 from prompts.context import game_context
 from prompts.render import render
 from tasks.actor import ShardJob, ShardPlayer
-from tasks.arms import Arm
 from tests.engines.conftest import LlamaServer, served
 
 pytestmark = pytest.mark.llm

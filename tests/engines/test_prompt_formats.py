@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 
 from core.game import GameRule
+from design.arms import Arm
 from engines import build_engine, parse_spec
 from engines.models import MODELS, ModelError, gguf_path, sha256_file
 from prompts.answers import number_regex
@@ -23,7 +24,6 @@ from prompts.context import game_context
 from prompts.modes import FINAL_CUE
 from prompts.render import render
 from tasks.actor import ShardJob, ShardPlayer
-from tasks.arms import Arm
 
 pytestmark = pytest.mark.llm
 

@@ -8,7 +8,7 @@ import importlib
 import numpy as np
 import pytest
 
-from engines import Engine, EngineBase, RequestBatch, Sampling, available, build_engine, parse_spec, reason_and_answer, spec_class
+from engines import Engine, EngineBase, RequestBatch, Sampling, available, build_engine, parse_spec, spec_class
 
 pytestmark = pytest.mark.quick
 
@@ -34,7 +34,7 @@ def test_the_simulated_engine_is_an_engine_and_reasons_in_two_phases():
         ids = np.arange(3)
         free = RequestBatch(ids, ["a", "b", "c"], ids + 1, Sampling(0.7, 16), None)
         answer = RequestBatch(ids, ["a", "b", "c"], ids + 1, Sampling(0.7, 8), None)
-        reasoning, answered = reason_and_answer(engine, free, answer, " So: ")
+        reasoning, answered = engine.reason_and_answer(free, answer, " So: ")
         assert len(reasoning) == len(answered) == 3
     finally:
         engine.close()
@@ -61,7 +61,7 @@ def test_specs_count_their_tokens_predict_their_time_and_price():
     llama = parse_spec({"kind": "llamacpp"})
     assert llama.predicted_seconds(30, 3, 2, 2, 4.7, None, 1.6) == pytest.approx(30 * 3 * 1.6 / 2)
     assert llama.predicted_seconds(30, 3, 2, 2, 4.7, None) == pytest.approx(30 * 3 * 4.7 / 2)
-    # llama.cpp's shared path keeps prompts in blocks of 16 tokens (engines/llamacpp_blocks.py); the others token by token
+    # llama.cpp's shared path keeps prompts in blocks of 16 tokens (engines/llamacpp/blocks.py); the others token by token
     assert llama.prefix_block == 16 and parse_spec({"kind": "llamacpp", "shared_context": False}).prefix_block == 1
     assert simulated.prefix_block == openai.prefix_block == 1
 

@@ -1,8 +1,8 @@
 """Shared-context answers with two prompts' answer trees walked side by side, a node of each per
-decode in separate KV streams (``SharedContext(streams=2)``, the default), are the
+decode in separate KV streams (``LlamaCppSharedContext(streams=2)``, the default), are the
 one-node-at-a-time walk's, on the real Gemma 3 270M: first-round prompts and later-round prompts
 with their history lines; bit for bit with the full output layer, within float noise with the
-answer tokens' rows alone (``engines.llamacpp_head``), which the checks here compare with
+answer tokens' rows alone (``engines.llamacpp.head``), which the checks here compare with
 llama.cpp's own logits. Two engines sharing a pool's answer board split a batch's prompts between
 them and answer as one engine alone does."""
 
@@ -17,10 +17,10 @@ import pytest
 
 from core.game import GameRule
 from engines import Constraint, RequestBatch, Sampling
-from engines.board import AnswerBoard
-from engines.exact import Chain
-from engines.llamacpp_internals import quiet
-from engines.llamacpp_shared import STREAMS, SharedContext
+from engines.llamacpp.internals import quiet
+from engines.llamacpp.shared_context import STREAMS, LlamaCppSharedContext
+from engines.shared_context import Chain
+from engines.shared_context.board import AnswerBoard
 from prompts.context import game_context
 from prompts.render import render
 
@@ -55,12 +55,12 @@ def test_two_streams_give_the_one_stream_walks_distributions(llm):
     """Bit for bit with the full output layer; within 1e-5 with the answer rows alone (the
     default), which the first prompt checked and trusted."""
     assert STREAMS == 2
-    chain = Chain()  # the defaults: T 0.7, top-k 40, min-p 0.05, repeat penalty 1.1
+    chain = Chain.of(Sampling())  # the defaults: T 0.7, top-k 40, min-p 0.05, repeat penalty 1.1
     texts = prompts()
     assert len(texts) == 11 and any("you named" in t for t in texts)
     results = {}
     for streams, head in ((1, False), (2, False), (2, True)):
-        shared = SharedContext(llm, streams=streams, head=head)
+        shared = LlamaCppSharedContext(llm, streams=streams, head=head)
         tree = shared.tree(Constraint(0, 100, True), 8)
         if streams == 1:  # one prompt after another, in the model's own context
             results[streams, head] = [shared.distribution(t, tree, chain)[0] for t in texts]
@@ -85,9 +85,9 @@ def test_the_answer_rows_alone_are_llama_cpps_logits_and_a_wrong_head_is_not_tru
     head: every row's logits of the 64 likeliest tokens (and of 64 others) within 1e-4 of
     llama.cpp's. A head whose matrix is off by one row fails the first prompt's check, and that
     context computes the full logits from then on (the same as without a head, bit for bit)."""
-    from engines.llamacpp_batch import Sequences
-    from engines.llamacpp_head import HeadRow, OutputHead
-    from engines.llamacpp_shared import prompt_tokens
+    from engines.llamacpp.batch import Sequences
+    from engines.llamacpp.head import HeadRow, OutputHead
+    from engines.llamacpp.shared_context import prompt_tokens
 
     head = OutputHead.load(gguf, llm.n_embd())
     assert head is not None and head.blocks.shape == (llm.n_vocab(), llm.n_embd() // 32)
@@ -127,12 +127,12 @@ def test_two_engines_on_one_board_compute_each_prompt_once_and_answer_as_one_eng
     agents = 3 * len(texts)
     batch = RequestBatch(np.arange(agents), [texts[i % len(texts)] for i in range(agents)],
                          np.arange(agents, dtype=np.int64) * 7919, Sampling(), Constraint(0, 100, True))
-    chain = Chain()
-    lone = SharedContext(llm)
+    chain = Chain.of(Sampling())
+    lone = LlamaCppSharedContext(llm)
     alone = lone.generate(batch, chain)
     assert lone.answers.computed == len(texts)
     board = AnswerBoard()
-    peers = [SharedContext(llm) for _ in range(2)]
+    peers = [LlamaCppSharedContext(llm) for _ in range(2)]
     for owner, peer in enumerate(peers):
         peer.answers.share(board, owner, len(peers))
     out: dict[int, object] = {}

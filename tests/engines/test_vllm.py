@@ -67,13 +67,13 @@ def test_prepare_writes_a_plain_bf16_hugging_face_folder(model_dir):
 def test_cli_prepare_prints_the_folder_and_rejects_unknown_models(model_dir):
     # The session's folder is already prepared: the CLI finds it and rewrites nothing (prepare is cached).
     stamps = {w: w.stat().st_mtime_ns for w in model_dir.glob("*.safetensors")}
-    ok = subprocess.run([sys.executable, "-m", "flows.cli", "models", "prepare", "gemma-3-270m"],
+    ok = subprocess.run([sys.executable, "-m", "cli.app", "models", "prepare", "gemma-3-270m"],
                         capture_output=True, text=True, cwd=REPO, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip() == str(model_dir)
     assert "gemma-3-270m: already prepared in" in ok.stderr
     assert {w: w.stat().st_mtime_ns for w in model_dir.glob("*.safetensors")} == stamps
-    bad = subprocess.run([sys.executable, "-m", "flows.cli", "models", "prepare", "gemma-9"],
+    bad = subprocess.run([sys.executable, "-m", "cli.app", "models", "prepare", "gemma-9"],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2
     lines = [line for line in bad.stderr.splitlines() if line.strip()]
@@ -85,8 +85,8 @@ def test_a_folder_prepared_before_the_bos_fix_is_fixed_in_place(model_dir, tmp_p
     its header); a folder without that (prepared by an older keynes) is fixed by the next prepare."""
     import shutil
 
-    from engines.convert import gguf_metadata, prepare
     from engines.models import gguf_path
+    from engines.vllm.convert import gguf_metadata, prepare
 
     assert gguf_metadata(gguf_path("gemma-3-270m"), {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id"}) == {
         "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.bos_token_id": 2}

@@ -42,9 +42,9 @@ def rendered(template: str, n: int = 4) -> list[str]:
 
 
 def test_the_prepared_folder_keeps_the_ggufs_chat_template(engine):
-    from engines.convert import prepared_path
     from engines.models import MODELS
-    from engines.vllm import folder_chat_template
+    from engines.vllm.convert import prepared_path
+    from engines.vllm.engine import folder_chat_template
 
     assert engine.prompt_format == "chat"
     assert engine.chat_template.sha256 == MODELS[SMOL].chat_template_sha256

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from engines import llamacpp_shared
-from engines.llamacpp_shared import answer_vocab, vocab_cache_path
+from engines.llamacpp import shared_context as llamacpp_shared
+from engines.llamacpp.shared_context import answer_vocab, vocab_cache_path
 
 
 @pytest.fixture

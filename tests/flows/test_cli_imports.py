@@ -24,7 +24,7 @@ HEAVY = {"pandera", "pandas", "polars", "pyarrow", "numpy", "prefect", "ray"}
 
 def imported_by(*args: str) -> tuple[set[str], str]:
     """The top-level packages a ``keynes`` process imports (every import, lazy ones too), and its output."""
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "flows.cli", *args],
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "cli.app", *args],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     names = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
@@ -56,12 +56,12 @@ def test_keynes_help_imports_nothing_heavy():
 
 
 def test_keynes_run_checks_its_config_and_warehouse_without_pandas(tmp_path):
-    """What ``keynes run`` does before its first line (``flows.cli.run``: the config, the
+    """What ``keynes run`` does before its first line (``cli.app.run``: the config, the
     warehouse's check, the prompt format) leaves pandera and pandas (~0.6 s) to the rows' writes."""
     probe = f"""
 import sys
-from flows.loading import load_config
-from flows.prompting import check_prompting
+from design.loading import load_config
+from design.prompting import check_prompting
 from warehouse.store import Warehouse
 cfg = load_config("experiments/quickstart.yaml", ["db={tmp_path / 'k.duckdb'}"])
 Warehouse(cfg.db).check_writable()

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.quick
 @pytest.fixture(scope="module")
 def printed() -> str:
     env = dict(os.environ, COLUMNS="400")  # one field per line
-    result = subprocess.run([sys.executable, "-m", "flows.cli", "config"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "cli.app", "config"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from design.loading import load_config
 from flows.experiment import experiment
-from flows.loading import load_config
 from tests.support.sql import q
 
 CONFIG = {

@@ -118,7 +118,7 @@ def served(tmp_path_factory, local_ray):
         serve_log = open(folder / "serve.log", "w")
         report_port = free_port()
         serve = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "serve", str(configs["manual"]), str(configs["ticker"]),
+            [sys.executable, "-m", "cli.app", "serve", str(configs["manual"]), str(configs["ticker"]),
              "--report-port", str(report_port)],
             env=serve_env, stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
         )
@@ -276,7 +276,7 @@ def reporting(served):
     env.update(PREFECT_HOME=str(served["home"]), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=served["api"],
                PREFECT_RUNNER_POLL_FREQUENCY="2", RAY_TMPDIR=served["ray_tmp"], RAY_AUTH_MODE="disabled", **SLOW_MACHINE)
     log = open(folder / "reporting.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", str(config), "--report-port", str(port)],
+    process = subprocess.Popen([sys.executable, "-m", "cli.app", "serve", str(config), "--report-port", str(port)],
                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
     try:
         wait_for(lambda: "reporting" in _deployments(served["api"]), 120, "the reporting deployment")
@@ -388,7 +388,7 @@ def interrupted(served):
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.processes import TAG, tagged
+    from cli.runtime.processes import TAG, tagged
 
     folder = served["folder"] / "interrupted"
     folder.mkdir()
@@ -402,7 +402,7 @@ def interrupted(served):
                PREFECT_RUNNER_POLL_FREQUENCY="2", RAY_TMPDIR=served["ray_tmp"], RAY_AUTH_MODE="disabled",
                KEYNES_CACHE=str(folder / "cache"), **SLOW_MACHINE)
     stdout, stderr = open(folder / "stdout.log", "w"), open(folder / "stderr.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", *map(str, configs), "--report-port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "cli.app", "serve", *map(str, configs), "--report-port", "0"],
                                env=env, stdout=stdout, stderr=stderr, start_new_session=True, cwd=REPO)
     facts: dict = {"folder": folder, "api": served["api"], "stop_s": None}
     try:

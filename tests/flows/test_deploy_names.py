@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from flows.config import NAME_REFUSES, ConfigError
+from design.config import NAME_REFUSES, ConfigError
 from flows.deploy import deployments_for
 from tests.conftest import QUICKSTART
 

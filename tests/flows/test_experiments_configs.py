@@ -51,8 +51,8 @@ import pytest
 import yaml
 
 import engines
+from design.loading import load_config
 from flows.experiment import experiment
-from flows.loading import load_config
 from tests.conftest import QUICKSTART_OVERRIDES, REPO
 from tests.support.sql import q
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.config import ConfigError
-from flows.loading import load_config
+from design.config import ConfigError
+from design.loading import load_config
 
 pytestmark = pytest.mark.quick
 
@@ -90,7 +90,7 @@ def test_a_name_that_cannot_name_a_report_file_or_a_deployment_is_refused(name, 
 def test_names_with_spaces_brackets_and_accents_are_fine():
     from prefect.types.names import BANNED_CHARACTERS
 
-    from flows.config import NAME_REFUSES
+    from design.config import NAME_REFUSES
 
     cfg = load_config(BASE | {"name": "pilot [v2] café :x: (2 of 3)"})
     assert cfg.report_path.endswith("pilot [v2] café :x: (2 of 3)-report.html")

@@ -11,8 +11,8 @@ import duckdb
 import pytest
 from prefect.exceptions import TerminationSignal
 
+from design.loading import load_config
 from flows.failures import _as_parameter, mark_interrupted, one_line_failures
-from flows.loading import load_config
 from tasks import store
 from tests.support.sql import q
 

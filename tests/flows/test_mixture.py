@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
+from design.config import ConfigError
+from design.loading import load_config
 from engines.mixture import MixtureSpec, shard_index
-from flows.config import ConfigError
 from flows.experiment import experiment
-from flows.loading import load_config
 from tests.support.sql import q
 
 # Two simulated servers told apart by their latency: 0.05 s per wave vs instant.

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli.app import app
 
 pytestmark = pytest.mark.llm
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import yaml
 
-from flows.processes import TAG, clean_leftovers, descendants, started, tag_of, tagged
+from cli.runtime.processes import TAG, clean_leftovers, descendants, started, tag_of, tagged
 from tests.conftest import REPO
 from tests.support.waiting import wait_for
 
@@ -43,7 +43,7 @@ def test_sigkill_of_keynes_run_leaves_no_process_it_started(tmp_path, prefect_ho
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
     env.update(PREFECT_HOME=str(prefect_home), KEYNES_CACHE=str(tmp_path / "cache"),
                RAY_TMPDIR=tempfile.mkdtemp(prefix="kray-"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
-    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, env=env,
+    run = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config)], cwd=REPO, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     parent = psutil.Process(run.pid)
     try:
@@ -131,7 +131,7 @@ def test_a_child_that_ends_while_the_watchdog_looks_is_skipped_not_taken_for_the
 #: dies with the driver), prints that process's pid and waits to be killed.
 ORPHANING_COMMAND = """
 import os, subprocess, sys, time
-from flows.processes import guard
+from cli.runtime.processes import guard
 guard("keynes run")
 middle = subprocess.Popen([sys.executable, "-c",
     "import subprocess, sys; p = subprocess.Popen(['sleep', '120']); print(p.pid, flush=True)"],
@@ -177,7 +177,7 @@ def test_the_next_start_waits_for_a_killed_commands_watchdog_and_ends_what_carri
         orphan = psutil.Process(int(command.stdout.readline()))
         wait_for(lambda: orphan.ppid() != command.pid and orphan.name() == "sleep", 30, "the sleep to be orphaned")
         tag = orphan.environ()[TAG]
-        watchdogs = [p for p in tagged(tag, set()) if "flows.processes" in p.cmdline()]
+        watchdogs = [p for p in tagged(tag, set()) if "cli.runtime.processes" in p.cmdline()]
         assert len(watchdogs) == 1
         os.kill(command.pid, signal.SIGKILL)
         command.wait(10)

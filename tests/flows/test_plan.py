@@ -15,7 +15,7 @@ from tests.support.sql import q
 
 
 def keynes(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=600,
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=None if env is None else os.environ | env)
 
 

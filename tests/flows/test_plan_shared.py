@@ -12,20 +12,9 @@ import polars as pl
 import pytest
 
 from core.game import GameRule, History
+from design.loading import load_config
+from design.plan import Calibration, Counter, SharedRound, _shared_seconds, backstory_placeholder, likely_prefixes, pooled_answers, shared_round, trie_chars
 from engines.llamacpp import LlamaCppSpec
-from flows.loading import load_config
-from flows.plan import (
-    Calibration,
-    Counter,
-    SharedRound,
-    _shared_seconds,
-    backstory_placeholder,
-    likely_prefixes,
-    own_guesses_shown,
-    pooled_answers,
-    shared_round,
-    trie_chars,
-)
 from prompts.context import agent_variables
 from prompts.render import distinct_agents, render
 from tests.prompts.test_history_setting import ROUNDS, SETTINGS, distinct_contexts, population, readme_table
@@ -49,7 +38,7 @@ def test_the_trie_holds_each_distinct_text_past_the_prefix_it_shares_with_the_on
 
 def test_own_guesses_shown_follow_the_history_setting():
     def shown(history: History) -> list[int]:
-        return [own_guesses_shown(GameRule(rounds=5, history=history), r) for r in range(1, 6)]
+        return [GameRule(rounds=5, history=history).history.own_guesses_in(r) for r in range(1, 6)]
 
     assert shown(History()) == [0, 1, 2, 3, 4]
     assert shown(History(rounds=1)) == [0, 1, 1, 1, 1]

@@ -26,7 +26,7 @@ def keynes_run(config, tmp_path, *args: str, startup_timeout: int = 180, **setti
 
 def keynes_run_with(config, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     """`keynes run` in a subprocess with exactly this environment."""
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "cli.app", "run", str(config), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

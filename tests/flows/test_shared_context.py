@@ -23,8 +23,8 @@ import duckdb
 import polars as pl
 import pytest
 
+from design.loading import load_config
 from flows.experiment import experiment
-from flows.loading import load_config
 from tasks.play import play_round
 from tasks.pool import pool_for, shutdown_pools
 from tests.reliability.test_worker_crash import CountingWarehouse
@@ -97,7 +97,7 @@ def test_every_guess_is_shared_valid_and_counts_its_prompt(runs):
     assert q(path, f"select count(distinct context) from guesses where round = 2 and run_id = {basic}") == pairs
     assert pairs[0][0] > 5
     # Round 1's five prompts were answered ahead of its shards, by the two actors between them
-    # (tasks.play.answer_ahead, engines.board), their tokens counted in each actor's first shard:
+    # (tasks.play.answer_ahead, engines.shared_context.board), their tokens counted in each actor's first shard:
     # the third shard (the first actor's second) only drew.
     work = q(path, f"select shard, tokens_evaluated, tokens_bound from shards where round = 1 and run_id = {basic} order by shard")
     assert [s for s, _, _ in work] == [0, 1, 2] and work[2][1] == 0

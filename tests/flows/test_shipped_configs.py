@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from flows.loading import load_config
+from design.loading import load_config
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.quick

@@ -43,7 +43,7 @@ def test_sigterm_mid_round_marks_the_experiment_interrupted_and_ends_by_sigterm(
     env, ray_address = session_cli
     config, db = tmp_path / "term.yaml", tmp_path / "term.duckdb"
     config.write_text(yaml.safe_dump({**CONFIG, "workers": {**CONFIG["workers"], "ray_address": ray_address}}))
-    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
+    run = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_for(lambda: run.poll() is not None or (db.exists() and _committed(db) > 0), 240, "the first shard to be committed")
@@ -64,7 +64,7 @@ def test_sigterm_mid_round_marks_the_experiment_interrupted_and_ends_by_sigterm(
 #: A driver whose handler raises, as the flow's do, sent a signal while ``ensure_ray`` starts a local Ray.
 DURING_INIT = """
 import os, signal, sys, threading, time
-from flows import settings
+from cli.runtime import settings
 settings.apply()
 signum = int(sys.argv[1])
 

@@ -28,7 +28,7 @@ CONFIG = {
 def spine_db(tmp_path_factory, prefect_api, local_ray):
     from unittest import mock
 
-    from flows import loading
+    from design import loading
 
     path = tmp_path_factory.mktemp("spine") / "spine.duckdb"
     with mock.patch.object(loading, "_parse", wraps=loading._parse) as parse:
@@ -157,7 +157,7 @@ def test_second_round_prompt_announces_the_previous_winner(spine_db):
 )
 def test_bad_config_exits_2_with_one_line_naming_the_field(override, message, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", str(REPO / "experiments/quickstart.yaml"), "--db", str(tmp_path / "x.duckdb"), "--set", override],
+        [sys.executable, "-m", "cli.app", "run", str(REPO / "experiments/quickstart.yaml"), "--db", str(tmp_path / "x.duckdb"), "--set", override],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )
     assert result.returncode == 2, result.stderr

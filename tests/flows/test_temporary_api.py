@@ -1,4 +1,4 @@
-"""Prefect's temporary API gone mid-run: `keynes run` starts it again (flows/temporary_api.py).
+"""Prefect's temporary API gone mid-run: `keynes run` starts it again (cli/runtime/temporary_api.py).
 
 Before, every API call after the server ended retried a refused connection for about a minute
 (Prefect's client: 5 retries, 2 to 32 s apart) before it gave up: killed with SIGKILL, a run of
@@ -59,7 +59,7 @@ def run_and_strike(tmp_path: Path, prefect_home: Path, strike) -> tuple[subproce
     env.update(PREFECT_HOME=str(prefect_home), KEYNES_CACHE=str(tmp_path / "cache"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     # A terminal's foreground job, whose Ctrl-C is not ignored: a process started by a pytest-xdist
     # worker (or from a script's background job) inherits SIGINT ignored, and Python keeps it so.
-    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
+    run = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     parent = psutil.Process(run.pid)
@@ -114,7 +114,7 @@ def test_a_temporary_api_killed_as_it_first_answers_and_again_mid_run_is_started
     config.write_text(yaml.safe_dump(CONFIG))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}
     env.update(PREFECT_HOME=str(prefect_home), KEYNES_TIMINGS="1", KEYNES_CACHE=str(tmp_path / "cache"))
-    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
+    run = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config), "--db", str(db)], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     moments = [" api: answering", "actor: first shard played"]
@@ -148,7 +148,7 @@ def test_the_temporary_api_is_started_with_prefects_own_command(monkeypatch):
     starts it otherwise fails here)."""
     import prefect.server.api.server as prefect_server
 
-    from flows.temporary_api import server_command
+    from cli.runtime.temporary_api import server_command
 
     started = []
     monkeypatch.setattr(prefect_server.subprocess, "Popen", lambda args, env: started.append((args, env)))

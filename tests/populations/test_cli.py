@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 def keynes(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "personas", *args],
+        [sys.executable, "-m", "cli.app", "personas", *args],
         capture_output=True, text=True, cwd=REPO, timeout=timeout,
         env={**os.environ, "COLUMNS": "200"},  # wide enough that rich never wraps a line
     )

@@ -12,8 +12,8 @@ import pytest
 
 from core.game import GameRule, History
 from core.personas import attribute_columns
-from flows.config import ConfigError
-from flows.loading import load_config
+from design.config import ConfigError
+from design.loading import load_config
 from populations.sampler import sample
 from populations.spec import load_spec
 from prompts.context import agent_variables, round_variables, shown_own_guesses

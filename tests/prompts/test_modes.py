@@ -10,10 +10,10 @@ import polars as pl
 import pytest
 
 from core.game import GameRule
+from design.arms import Arm, check_prompt_inputs
 from prompts.context import game_context, groups_context, population_context
 from prompts.modes import MODES, TEMPLATE_DIR, custom_mode, get_mode
 from prompts.render import render, template_variables
-from tasks.arms import Arm, check_prompt_inputs
 
 pytestmark = pytest.mark.quick
 

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import engines
+from design.config import ExperimentConfig
 from engines.mixture import MixtureComponent, MixtureSpec
-from flows.config import ExperimentConfig
 
 # Build a regex strategy once at import, on a shallow stack: hypothesis imports its regex module
 # the first time one is drawn, and that import (its source compiled under pytest's assertion
@@ -277,9 +277,9 @@ def one_field_changed(base: dict, paths: list[tuple], wild: bool = True) -> st.S
 def refusal(source: Any, overrides: list[str] | tuple[str, ...] = ()) -> str | None:
     """What ``keynes run`` does before it opens the warehouse: the config's one-line refusal,
     or None when it would run. Any other exception is a traceback (the test fails)."""
-    from flows.config import ConfigError
+    from design.config import ConfigError
+    from design.loading import load_config
     from flows.experiment import check_prompting
-    from flows.loading import load_config
 
     try:
         cfg = load_config(source, list(overrides))

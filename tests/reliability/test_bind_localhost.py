@@ -3,7 +3,7 @@
 A real ``keynes run`` (simulated engine, its own local Ray with the dashboard, Prefect's temporary
 API as without ``PREFECT_API_URL``) runs in a subprocess. While it plays, psutil lists the
 listening TCP sockets of every process it started: its descendants and every process carrying its
-``KEYNES_RUN_TAG`` mark (flows/processes.py) — the driver, Ray's gcs_server, raylet (object
+``KEYNES_RUN_TAG`` mark (cli/runtime/processes.py) — the driver, Ray's gcs_server, raylet (object
 manager included), dashboard, agents, autoscaler monitor and actor workers, and uvicorn. Each
 must listen on 127.0.0.0/8 or ::1 (an IPv6 socket on ``::ffff:127.0.0.1`` included).
 """
@@ -22,7 +22,7 @@ import psutil
 import pytest
 import yaml
 
-from flows.processes import TAG, tagged
+from cli.runtime.processes import TAG, tagged
 from tests.conftest import REPO
 
 #: Two actors playing rounds of 40 simulated agents, 0.5 s per wave: the run is still playing when
@@ -38,7 +38,7 @@ CONFIG = {
 }
 
 #: Servers the test must have seen listening (a part of a label), so that it cannot pass on none.
-EXPECTED = ("gcs_server", "raylet", "ray::AgentWorker", "dashboard.py", "-m uvicorn", "-m flows.cli")
+EXPECTED = ("gcs_server", "raylet", "ray::AgentWorker", "dashboard.py", "-m uvicorn", "-m cli.app")
 
 
 def on_this_machine(ip: str) -> bool:
@@ -96,10 +96,10 @@ def test_every_server_a_keynes_run_starts_listens_on_localhost_only(tmp_path, pr
                RAY_TMPDIR=tempfile.mkdtemp(prefix="kray-"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     log = tmp_path / "run.log"
     with log.open("w") as out:
-        run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], cwd=REPO, env=env,
+        run = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config)], cwd=REPO, env=env,
                                stdout=out, stderr=subprocess.STDOUT)
     parent = psutil.Process(run.pid)
-    mark = f"{run.pid}:{parent.create_time()}"  # its KEYNES_RUN_TAG, as flows.processes.guard sets it
+    mark = f"{run.pid}:{parent.create_time()}"  # its KEYNES_RUN_TAG, as cli.runtime.processes.guard sets it
     seen: set[tuple[str, int, str]] = set()
     procs: list[psutil.Process] = []
     try:

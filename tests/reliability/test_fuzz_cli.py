@@ -61,8 +61,8 @@ _serial = itertools.count()
 @example("name: x\n'[/]': 1\n", [])  # rich read the key as markup: MarkupError
 @example("name: x\n'[bold]x': 1\n", [])  # ... and swallowed it
 def test_keynes_run_refuses_bad_configs_in_one_line_and_leaves_the_warehouse(warehouse, text, overrides):
-    from flows.config import ConfigError
-    from flows.loading import load_config
+    from design.config import ConfigError
+    from design.loading import load_config
 
     db, before = warehouse
     config = db.parent / f"c{next(_serial)}.yaml"
@@ -147,7 +147,7 @@ def test_generated_valid_configs_run_at_a_tiny_size(tmp_path_factory, prefect_ap
     db = folder / "keynes.duckdb"
     code, lines, _ = keynes("run", str(config), "--db", str(db))
     assert code == 0 and "done: " in " ".join(lines), lines
-    from flows.loading import load_config
+    from design.loading import load_config
 
     cfg = load_config(config, [f"db={db}"])
     arms = cfg.arms_list()

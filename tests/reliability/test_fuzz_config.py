@@ -20,10 +20,10 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from flows.loading import load_config
+from design.budget import longest_prompts
+from design.loading import load_config
 from populations.sampler import sample
 from prompts.modes import MODES
-from tasks.budget import longest_prompts
 from tests.reliability.fuzz import FRACTIONS, TEXT, WILD, configs, field_paths, names_a_field, one_field_changed, one_line, put, refusal, value_for
 
 pytestmark = pytest.mark.quick

@@ -59,7 +59,7 @@ def cli_env(api_url: str | None) -> dict[str, str]:
 
 
 def keynes(*args: str) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", *args]
+    return [sys.executable, "-m", "cli.app", *args]
 
 
 def read(path: Path, sql: str, timeout: float = 30) -> list[tuple]:

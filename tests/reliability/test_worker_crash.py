@@ -14,10 +14,10 @@ import polars as pl
 import pytest
 
 from core.game import GameRule
+from design.arms import Arm
 from engines.simulated import SimulatedSpec
 from populations.sampler import sample
 from populations.spec import load_spec
-from tasks.arms import Arm
 from tasks.play import play_round
 from tasks.pool import pool_for, shutdown_pools
 from warehouse.store import Warehouse
@@ -111,7 +111,7 @@ def test_actor_killed_mid_round_loses_and_duplicates_nothing(how, db, local_ray,
 
 
 def test_a_pool_of_two_starts_without_a_ray_warning_and_its_board_is_found_by_name(local_ray, pools, capfd):
-    """The pool's other actors find the first (the answer board's host, engines/board.py) by its
+    """The pool's other actors find the first (the answer board's host, engines/shared_context/board.py) by its
     actor name. Given its handle among their constructor's arguments, Ray's core worker printed a
     warning into every run's output that such arguments sit in its object store, where an
     actor's restart may not find them."""

@@ -36,7 +36,7 @@ NARROW = 1366
 
 
 def keynes(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=600)
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_the_report_server_prints_no_bokeh_validation_messages(runs, pages, tmp_
     port, log = free_port(), tmp_path / "server.log"
     base = f"http://127.0.0.1:{port}"
     with open(log, "w") as stderr:
-        server = subprocess.Popen([sys.executable, "-m", "flows.cli", "report", "--serve", "--db", str(db), "--port", str(port)],
+        server = subprocess.Popen([sys.executable, "-m", "cli.app", "report", "--serve", "--db", str(db), "--port", str(port)],
                                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     errors, drawn = {}, {}
     try:

@@ -47,7 +47,7 @@ def two(tmp_path_factory, prefect_api, local_ray):
 
 
 def keynes(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=600)
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_the_served_page_has_a_filterable_table_of_every_reasoning_text(two):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "report", "--db", str(two), "--experiment", "today",
+    server = subprocess.Popen([sys.executable, "-m", "cli.app", "report", "--db", str(two), "--experiment", "today",
                                "--serve", "--port", str(port)], cwd=REPO, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     try:

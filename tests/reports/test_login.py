@@ -49,7 +49,7 @@ def keynes(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str
     """Run the CLI (a server that wrongly starts is stopped after 60 s: the test fails)."""
     env = {k: v for k, v in (env or os.environ).items() if k != "KEYNES_REPORT_PASSWORD"}
     try:
-        done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, env=env,
+        done = subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail(f"keynes {' '.join(args)} served instead of exiting")
@@ -83,7 +83,7 @@ def shared(tmp_path_factory, prefect_api, local_ray):
     outward = outward_ipv4()
     bind, reach = (outward, outward) if outward else ("0.0.0.0", "127.0.0.1")
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "report", "--serve", "--db", str(db), "--host", bind, "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "cli.app", "report", "--serve", "--db", str(db), "--host", bind, "--port", str(port)],
                               cwd=REPO, env={**os.environ, "KEYNES_REPORT_PASSWORD": PASSWORD},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://{reach}:{port}"

@@ -147,7 +147,7 @@ def test_prefect_artifacts_summarise_rounds_and_link_the_report(quickstart):
 
 
 def keynes(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
 
 
 def test_keynes_report_writes_a_page_by_name(quickstart, tmp_path):
@@ -165,7 +165,7 @@ def test_keynes_report_serve_answers_on_localhost(quickstart):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "report", "--db", str(path), "--serve", "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "cli.app", "report", "--db", str(path), "--serve", "--port", str(port)],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline, body = time.monotonic() + 180, ""

@@ -44,7 +44,7 @@ def served(tmp_path_factory, prefect_api, local_ray):
     db = tmp_path_factory.mktemp("served") / "live.duckdb"
     summary = experiment(LIVE, db=str(db))
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "report", "--serve", "--db", str(db), "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "cli.app", "report", "--serve", "--db", str(db), "--port", str(port)],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:

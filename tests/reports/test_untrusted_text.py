@@ -34,7 +34,7 @@ def test_markup_in_labels_names_and_configs_is_shown_as_text(tmp_path):
     with duckdb.connect(str(path)) as con:
         con.execute("update experiments set config = ?, name = ? where experiment_id = ?", [json.dumps(CONFIG), NAME, EXPERIMENT])
     out = tmp_path / "page.html"
-    result = subprocess.run([sys.executable, "-m", "flows.cli", "report", "--db", str(path), "--out", str(out)],
+    result = subprocess.run([sys.executable, "-m", "cli.app", "report", "--db", str(path), "--out", str(out)],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     figures = len(re.findall(r'"name":"Figure"', out.read_text(encoding="utf-8")))

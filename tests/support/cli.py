@@ -14,7 +14,7 @@ import re
 from click.testing import Result
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli.app import app
 
 # Ray's prefix on a forwarded line, e.g. "\x1b[33m(raylet)\x1b[0m" or "(Shard pid=123)".
 RAY_FORWARDED = re.compile(r"^(\x1b\[[0-9;]*m)?\((raylet|gcs_server|([\w.]+ )?pid=\d+[^)]*)\)(\x1b\[0m)?\s")

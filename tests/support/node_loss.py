@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from flows import settings
+from cli.runtime import settings
 
 # keynes's process settings (workers share this interpreter, Ray on loopback), before Ray is imported.
 settings.apply({"RAY_AUTH_MODE": "disabled"})
@@ -23,10 +23,10 @@ import ray
 from ray.cluster_utils import Cluster
 
 from core.game import GameRule
+from design.arms import Arm
 from engines.simulated import SimulatedSpec
 from populations.sampler import sample
 from populations.spec import load_spec
-from tasks.arms import Arm
 from tasks.play import play_round
 from tasks.pool import LOOPBACK, pool_for, shutdown_pools
 from warehouse.store import Warehouse

@@ -175,7 +175,7 @@ def test_cli_backstories_are_generated_then_reused(tmp_path):
     import sys
 
     db = tmp_path / "k.duckdb"
-    args = [sys.executable, "-m", "flows.cli", "personas", "adults.yaml", "--n", "6", "--seed", "2", "--db", str(db),
+    args = [sys.executable, "-m", "cli.app", "personas", "adults.yaml", "--n", "6", "--seed", "2", "--db", str(db),
             "--backstories", "--engine", "simulated"]
     env = {**os.environ, "COLUMNS": "200"}
     first = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
@@ -194,7 +194,7 @@ def test_cli_unknown_backstory_engine_exits_2(tmp_path):
 
     db = tmp_path / "k.duckdb"
     result = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "personas", "education.yaml", "--n", "5", "--db", str(db), "--backstories", "--engine", "warp"],
+        [sys.executable, "-m", "cli.app", "personas", "education.yaml", "--n", "5", "--db", str(db), "--backstories", "--engine", "warp"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )
     assert result.returncode == 2

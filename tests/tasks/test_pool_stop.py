@@ -12,7 +12,7 @@ from tests.conftest import REPO
 #: and says what each time left running.
 STOP = """
 import json, sys
-from flows import settings
+from cli.runtime import settings
 settings.apply()
 import psutil, ray
 from tasks.pool import ensure_ray, stop_ray

@@ -20,7 +20,7 @@ def test_sql_readers_run_while_an_experiment_writes(tmp_path, session_cli):
     env, ray_address = session_cli  # the writer joins the session's Prefect API and Ray: reading is the point
     db = tmp_path / "busy.duckdb"
     writer = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", str(REPO / "experiments/quickstart.yaml"), "--db", str(db),
+        [sys.executable, "-m", "cli.app", "run", str(REPO / "experiments/quickstart.yaml"), "--db", str(db),
          "--set", f"population.size={SIZE}", "--set", f"game.rounds={ROUNDS}", "--set", f"workers.shard_size={SHARD}",
          "--set", "arms.engines=[{kind: simulated, latency_s: 0.05, concurrency: 50}]", "--set", "report.enabled=false",
          "--set", f"workers.ray_address={ray_address}"],
@@ -35,7 +35,7 @@ def test_sql_readers_run_while_an_experiment_writes(tmp_path, session_cli):
                 time.sleep(0.5)
                 continue
             reader = subprocess.run(
-                [sys.executable, "-m", "flows.cli", "sql", "--db", str(db), "--format", "csv",
+                [sys.executable, "-m", "cli.app", "sql", "--db", str(db), "--format", "csv",
                  "select (select count(*) from guesses) as n, (select count(*) from round_summary) as r"],
                 cwd=REPO, capture_output=True, text=True, timeout=300,
             )

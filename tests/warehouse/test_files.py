@@ -17,7 +17,7 @@ from warehouse.schema import MIGRATIONS, SCHEMA_VERSION
 
 
 def keynes(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
 
 
 def test_an_older_file_without_views_is_upgraded_when_read(tmp_path):

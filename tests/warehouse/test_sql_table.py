@@ -7,15 +7,15 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from flows.cli import app
-from flows.sql_table import MAX_ROWS
+from cli.app import app
+from cli.table import MAX_ROWS
 from warehouse.readonly import query_rows
 
 pytestmark = pytest.mark.quick
 
 
 def sql(monkeypatch, db, query: str, width: int = 80) -> list[str]:
-    monkeypatch.setattr("flows.cli.out", Console(width=width))
+    monkeypatch.setattr("cli.sql.out", Console(width=width))
     result = CliRunner().invoke(app, ["sql", "--db", str(db), query])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()

@@ -21,19 +21,21 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 import polars as pl
 
+from core.game import history_row
+from design.arms import Arm
+from design.config import ExperimentConfig
+from design.seen import seen
 from engines import EngineSpec
 from engines.mixture import MixtureSpec
-from flows.config import ExperimentConfig
 from populations.sampler import sample
-from prompts.context import agent_variables, round_variables, shown_own_guesses
+from prompts.context import agent_variables
 from prompts.modes import FINAL_CUE
 from prompts.render import distinct_agents, render
-from tasks.arms import Arm
 
 #: Agents whose prompts are rendered and counted (evenly spread over the population).
 SAMPLE = 24
@@ -46,6 +48,18 @@ TRIE_SAMPLE = 256
 #: Agents of a second calibration shard on the shared path, all with the prompts just computed:
 #: what an agent costs beyond its prompt's distribution (rendering, drawing, parsing its answer).
 BOOKKEEPING_AGENTS = 6000
+
+
+class Player(Protocol):
+    """What the calibration plays on: an engine in this process (``tasks.actor.ShardPlayer``)."""
+
+    engine: Any
+
+    def play_agents(self, arm: Arm, seed: int, round_: int, shard: int, agents: pl.DataFrame, shared: dict[str, Any]) -> Any:
+        """One shard of ``agents`` in ``round_``, with the round's shared variables."""
+
+    def close(self) -> None:
+        """Release the engine."""
 
 
 @dataclass
@@ -110,19 +124,14 @@ def fake_history(round_: int, rule: Any) -> list[dict[str, Any]]:
     past = []
     for r in range(1, round_):
         mean *= float(rule.fraction)
-        past.append({"round": r, "n": 0, "n_valid": 0, "mean": mean, "median": mean, "target": mean * float(rule.fraction),
-                     "winning_guess": mean * float(rule.fraction), "n_winners": 1})
+        past.append(history_row(r, 0, mean, mean * float(rule.fraction), 1))
     return past
 
 
 def round_inputs(arm: Arm, round_: int, agents: pl.DataFrame, personas: pl.DataFrame) -> tuple[dict[str, Any], pl.DataFrame]:
     """The shared variables and agent frame of round ``round_``, as ``tasks.play`` builds them."""
     history = fake_history(round_, arm.rule)
-    shared = round_variables(arm.rule, personas, round_, history)
-    if round_ > 1:
-        own = [[h["winning_guess"] for h in history]] * agents.height
-        agents = shown_own_guesses(agents.with_columns(own_guesses=pl.Series(own, dtype=pl.List(pl.Float64))), arm.rule.history)
-    return shared, agents
+    return seen(arm.rule, personas, round_, history, own_guesses=[h["winning_guess"] for h in history] if round_ > 1 else None, agents=agents)
 
 
 # ------------------------------------------------------------------------------ tokens
@@ -175,10 +184,8 @@ class Calibration:
 
 def calibrate(arm: Arm, seed: int, agents: pl.DataFrame, personas: pl.DataFrame, player: Any, counter: Counter) -> Calibration:
     """Play round 1 of ``agents`` on the player's engine with their real prompts and seeds."""
-    from tasks.actor import ShardJob
-
     shared, frame = round_inputs(arm, 1, agents, personas)
-    result = player.play(ShardJob(arm, seed, 1, 0, frame, shared))
+    result = player.play_agents(arm, seed, 1, 0, frame, shared)
     g = result.guesses
     prompts = render(arm.mode.template, shared, agent_variables(frame))
     counted = counter(prompts)
@@ -188,7 +195,7 @@ def calibrate(arm: Arm, seed: int, agents: pl.DataFrame, personas: pl.DataFrame,
         copies = max(1, BOOKKEEPING_AGENTS // frame.height)
         offset = int(personas["agent_id"].max()) + 1
         many = pl.concat([frame.with_columns(pl.col("agent_id") + k * offset) for k in range(1, copies + 1)])
-        bookkeeping = player.play(ShardJob(arm, seed, 1, 1, many, shared)).seconds / many.height
+        bookkeeping = player.play_agents(arm, seed, 1, 1, many, shared).seconds / many.height
     return Calibration(g.height, float(g["latency_s"].mean()), float(g["completion_tokens"].mean()),
                        float(g["prompt_tokens"].mean()), float(counted.mean()), result.seconds, distinct,
                        result.tokens_evaluated, trie_chars(prompts) * tokens_per_char(prompts, counted), bookkeeping,
@@ -217,14 +224,6 @@ def trie_chars(texts: Iterable[str]) -> int:
 def tokens_per_char(texts: list[str], counted: np.ndarray) -> float:
     chars = sum(len(t) for t in texts)
     return float(np.sum(counted)) / chars if chars else 0.0
-
-
-def own_guesses_shown(rule: Any, round_: int) -> int:
-    """How many of an agent's own earlier guesses its prompt of ``round_`` holds."""
-    history = rule.history
-    if round_ == 1 or not history.own_guesses or history.rounds == 0:
-        return 0
-    return round_ - 1 if history.rounds == "all" else min(round_ - 1, history.rounds)
 
 
 @dataclass
@@ -278,7 +277,7 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
     texts = render(template, shared, agent_variables(frame))
     per_char = tokens_per_char(texts, counter(texts)) * scale
     persona_tokens = trie_chars(texts) * per_char * len(reps) / len(set(texts))
-    k = own_guesses_shown(arm.rule, round_)
+    k = arm.rule.history.own_guesses_in(round_)
     if k == 0:
         return SharedRound(len(reps), persona_tokens + len(reps) * node_tokens)
     rule = arm.rule
@@ -305,12 +304,14 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
 
 
 # ------------------------------------------------------------------------------ the plan
-def plan(cfg: ExperimentConfig, samples: int = SAMPLE, calibration: int = CALIBRATE,
+def plan(cfg: ExperimentConfig, player_for: Callable[[EngineSpec], Player], samples: int = SAMPLE, calibration: int = CALIBRATE,
          calls_per_second: float | None = None, say=lambda text: None) -> list[ArmPlan]:
     """The estimate of every arm of ``cfg`` (see the module docstring).
 
     Args:
         cfg: the experiment.
+        player_for: a player of an engine spec in this process (``tasks.actor.ShardPlayer``), built
+            once per engine for the calibration.
         samples: agents whose prompts are rendered and counted.
         calibration: agents that play round 1 on each engine (0: no calibration; completion
             tokens are then their maxima and time is unknown unless ``calls_per_second``).
@@ -328,14 +329,14 @@ def plan(cfg: ExperimentConfig, samples: int = SAMPLE, calibration: int = CALIBR
     out = []
     try:
         for arm in cfg.arms_list():
-            out.append(_arm_plan(cfg, arm, personas, picked, calibration, calls_per_second, players, nodes, say))
+            out.append(_arm_plan(cfg, arm, personas, picked, calibration, calls_per_second, players, nodes, say, player_for))
     finally:
         for player in players.values():
             player.close()
     return out
 
 
-def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, players, nodes, say) -> ArmPlan:
+def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, players, nodes, say, player_for) -> ArmPlan:
     n, rounds, phases = personas.height, arm.rule.rounds, 2 if arm.mode.reasoning else 1
     calls = n * rounds * phases
     if isinstance(arm.engine, MixtureSpec):
@@ -346,10 +347,8 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
     engine = None
     if calibration > 0:
         if spec.key not in players:
-            from tasks.actor import ShardPlayer
-
             say(f"arm {arm.index}: starting {spec.kind} ({spec.model_name}) to calibrate on {min(calibration, n)} agent(s)")
-            players[spec.key] = ShardPlayer(spec)
+            players[spec.key] = player_for(spec)
         engine = players[spec.key].engine
     counter = Counter(spec)
     if engine is not None:

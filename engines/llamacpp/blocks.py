@@ -1,5 +1,5 @@
 """Prompt evaluation in fixed blocks, for llama.cpp's exact paths (shared-context answers,
-engines/llamacpp_shared.py, and chain of thought's streams, engines/llamacpp_batch.py).
+engines/llamacpp/shared_context.py, and chain of thought's streams, engines/llamacpp/batch.py).
 
 A decode's logits depend on how its tokens were split into batches; evaluating every prompt in
 blocks at fixed positions, whatever prefix a cache already holds, makes every logit a function of

@@ -1,6 +1,6 @@
 """One answer distribution per distinct prompt per pool: the actors of an engine share them.
 
-Each actor of a pool keeps the distributions it computed (``engines.exact.SharedAnswers``), but
+Each actor of a pool keeps the distributions it computed (``engines.shared_context.SharedContextAnswers``), but
 two actors given shards with the same prompts (every shard of round 1: a few persona groups)
 would each compute them. An ``AnswerBoard`` is where a pool's engines claim a prompt before
 computing it and publish its distribution after; ``Claims`` is one batch's view of it:

@@ -16,6 +16,7 @@ import polars as pl
 from core.game import GameRule
 from core.personas import BACKSTORY
 from engines import EngineSpec, SamplingSettings
+from engines.mixture import MixtureSpec
 from prompts.modes import PromptMode, get_mode
 
 
@@ -25,7 +26,7 @@ class Arm:
 
     index: int
     run_id: str
-    engine: EngineSpec
+    engine: EngineSpec | MixtureSpec  # one engine, or several splitting the agents by quota
     prompt_mode: str
     temperature: float
     rule: GameRule

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flows.config import ConfigError, ExperimentConfig
-from tasks.arms import Arm
+from design.arms import Arm
+from design.config import ConfigError, ExperimentConfig
 
 
 def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, dict[str, Any]]:

@@ -21,8 +21,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from engines import CompletionBatch, EngineBase, EngineSpec, RequestBatch, register
-from engines.exact import Chain, shares
 from engines.models import prompt_format
+from engines.shared_context import Chain, applies
 from prompts.chat import ChatTemplate, PromptFormat
 
 
@@ -54,7 +54,7 @@ class VllmSpec(EngineSpec):
     shared_context: bool = Field(True, description="Constrained answers (a language of at most 1,000 numbers) from the exact answer distribution of each distinct prompt (raw logits of the answer tree's nodes, llama.cpp's sampling chain), drawn per agent with its seed; false: vLLM samples one completion per agent.")
 
     @property
-    def keeps_distributions(self) -> bool:
+    def uses_shared_context(self) -> bool:
         return self.shared_context
 
     @model_validator(mode="after")
@@ -108,7 +108,7 @@ class VllmSpec(EngineSpec):
             "seed": self.seed,
         }
         if self.shared_context:
-            from engines.vllm_shared import LLM_KWARGS
+            from engines.vllm.shared_context import LLM_KWARGS
 
             kwargs.update(LLM_KWARGS)
         if not self.on_cuda:
@@ -139,7 +139,7 @@ class VllmEngine(EngineBase):
         # and per-request seeds reproduce exactly.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from engines.convert import vllm_model
+        from engines.vllm.convert import vllm_model
 
         self.path = str(vllm_model(spec.model))
         if llm is None:
@@ -180,11 +180,11 @@ class VllmEngine(EngineBase):
         """
         n = len(batch)
         chat = batch.opening is not None and self.prompt_format == "chat"
-        if self.spec.shared_context and shares(batch.constraint) and n:
-            from engines.vllm_shared import VllmShared
+        if self.spec.shared_context and applies(batch.constraint) and n:
+            from engines.vllm.shared_context import VllmSharedContext
 
             if self._shared is None:
-                self._shared = VllmShared(self.llm, self.path)
+                self._shared = VllmSharedContext(self.llm, self.path)
             chain = Chain.of(batch.sampling)
             if chat:  # the same text the per-agent path sends, its special tokens written by the template
                 batch = replace(batch, prompt=self.chat_template.render_all(batch.prompt, batch.opening))  # type: ignore[union-attr]

@@ -2,7 +2,7 @@
 
 Each node asks vLLM for one step with ``logprob_token_ids`` = its allowed children; the engine
 runs with ``logprobs_mode="raw_logits"``, so those are the model's raw logits and the same numpy
-chain as on llama.cpp (``engines.exact.Chain``) turns them into probabilities. All groups'
+chain as on llama.cpp (``engines.shared_context.Chain``) turns them into probabilities. All groups'
 nodes of a level go in one call; automatic prefix caching evaluates each shared prefix once.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from engines import CompletionBatch, RequestBatch
-from engines.exact import AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedAnswers, walk
+from engines.shared_context import AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedContextAnswers, walk
 
 #: vLLM's cap on ``logprob_token_ids`` per request (``vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS``).
 MAX_IDS = 128
@@ -57,14 +57,14 @@ def eog_ids(tokenizer: Any, model_path: str) -> list[int]:
     return sorted(ids)
 
 
-class VllmShared:
+class VllmSharedContext:
     """Exact answer distributions on a loaded ``vllm.LLM`` (started with ``LLM_KWARGS``)."""
 
     def __init__(self, llm: Any, model_path: str):
         self.llm = llm
         self.tokenizer = llm.get_tokenizer()
         self.vocab = AnswerVocab.from_pieces(token_texts(self.tokenizer), eog_ids(self.tokenizer, model_path))
-        self.answers = SharedAnswers()
+        self.answers = SharedContextAnswers()
         self.tree = AnswerTrees(self.vocab)
 
     def generate(self, batch: RequestBatch, chain: Chain, max_model_len: int, add_special_tokens: bool = True) -> CompletionBatch:
@@ -77,7 +77,7 @@ class VllmShared:
         tree = self.tree(batch.constraint, batch.sampling.max_tokens)
 
         def compute(prompts: list[str], claims: object = None) -> list[tuple[Distribution, int] | Exception]:
-            # Every prompt, a tree level per generate: no pool board (engines.board) is given to vLLM.
+            # Every prompt, a tree level per generate: no pool board (engines.shared_context.board) is given to vLLM.
             ids = self.tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
             ok = [i for i, p in enumerate(ids) if len(p) + tree.max_tokens < max_model_len]
             results: list[tuple[Distribution, int] | Exception] = [

@@ -112,10 +112,19 @@ def context_memory(context: Any) -> Any:
 
 
 # -------------------------------------------------- create_completion's sampler (Llama._init_sampler)
+#: llama.cpp reads this seed as "pick one at random": never pass it.
+RANDOM_SEED = 0xFFFFFFFF
+
+
+def fixed_seed(seed: int) -> int:
+    """``seed`` as llama.cpp will use it: ``RANDOM_SEED`` is drawn as the seed below it."""
+    return seed if seed != RANDOM_SEED else RANDOM_SEED - 1
+
+
 def completion_sampler(llm: Any, seed: int, top_k: int, top_p: float, min_p: float, temperature: float, repeat_penalty: float) -> Any:
     """The sampler chain ``create_completion`` builds for these settings, seeded as it seeds
-    (``Llama.set_seed``; 0xFFFFFFFF would mean "random", so it is drawn as 0xFFFFFFFE)."""
-    llm.set_seed(seed if seed != 0xFFFFFFFF else 0xFFFFFFFE)
+    (``Llama.set_seed``, through ``fixed_seed``)."""
+    llm.set_seed(fixed_seed(seed))
     return llm._init_sampler(top_k=top_k, top_p=top_p, min_p=min_p, temp=temperature, repeat_penalty=repeat_penalty)
 
 

@@ -17,20 +17,18 @@ from typing import Any, Literal, Sequence
 import numpy as np
 from pydantic import Field, field_validator
 
-from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, Sampling, register, two_phases
-from engines.board import Board
-from engines.exact import Chain, shares
-from engines.llamacpp_batch import SLOTS, Sequences, Then
-from engines.llamacpp_internals import quiet, silenced, token_text
-from engines.llamacpp_shared import SharedContext, prompt_tokens
+from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, register, two_phases
+from engines.llamacpp.batch import SLOTS, Sequences, Then
+from engines.llamacpp.internals import fixed_seed, quiet, silenced, token_text
+from engines.llamacpp.shared_context import LlamaCppSharedContext, prompt_tokens
 from engines.models import DEFAULT_MODEL, MODELS, gguf_path, is_path, prompt_format, unknown_model
+from engines.shared_context import Chain, applies
+from engines.shared_context.board import Board
 from prompts.answers import number_gbnf
 from prompts.chat import ChatTemplate, PromptFormat
 
 #: Tokens of a completion prompt beyond one per byte: BOS, a leading space, EOS.
 _UNTEXTUAL_TOKENS = 3
-#: llama.cpp reads this seed as "pick one at random": never pass it.
-_RANDOM_SEED = 0xFFFFFFFF
 
 
 class LlamaCppSpec(EngineSpec):
@@ -51,12 +49,12 @@ class LlamaCppSpec(EngineSpec):
     sequences: int = Field(SLOTS, ge=1, description="With shared_context: free-text requests decoded together, one KV stream each (1: one by one). An agent's text depends on its prompt, its seed and this number only.")
 
     @property
-    def keeps_distributions(self) -> bool:
+    def uses_shared_context(self) -> bool:
         return self.shared_context
 
     @property
     def prefix_block(self) -> int:
-        from engines.llamacpp_blocks import BLOCK
+        from engines.llamacpp.blocks import BLOCK
 
         return BLOCK if self.shared_context else 1
 
@@ -187,7 +185,7 @@ class LlamaCppEngine(EngineBase):
         self.chat_template = chat_template(self.llm)
         self.prompt_format = prompt_format(spec.model, spec.prompt_format, self.chat_template is not None)
         self._grammars: dict[Constraint, object] = {}
-        self._shared: SharedContext | None = None
+        self._shared: LlamaCppSharedContext | None = None
         self._sequences: Sequences | None = None
         self._board: tuple[Board, int, int] | None = None  # a pool's board (share_answers)
         if spec.shared_context:  # the answers' context, made while the engine waits for its first work
@@ -200,19 +198,19 @@ class LlamaCppEngine(EngineBase):
 
     @property
     def tokens_bound(self) -> int | None:  # type: ignore[override]
-        """The least those answers could have decoded (``SharedContext.tokens_bound``)."""
+        """The least those answers could have decoded (``LlamaCppSharedContext.tokens_bound``)."""
         return None if not self.spec.shared_context else self._shared.tokens_bound if self._shared else 0
 
     def share_answers(self, board: Board, owner: int, peers: int) -> None:
-        """Compute each shared-context distribution once for the pool (``engines.board``)."""
+        """Compute each shared-context distribution once for the pool (``engines.shared_context.board``)."""
         self._board = (board, owner, peers)
         if self._shared is not None:
             self._shared.answers.share(*self._board)
 
-    def _shared_context(self) -> SharedContext:
+    def _shared_context(self) -> LlamaCppSharedContext:
         """The shared-context answers, made on first use."""
         if self._shared is None:
-            self._shared = SharedContext(self.llm)
+            self._shared = LlamaCppSharedContext(self.llm)
             if self._board is not None:
                 self._shared.answers.share(*self._board)
         return self._shared
@@ -224,25 +222,25 @@ class LlamaCppEngine(EngineBase):
         game's prompt as the user's message, ``batch.opening`` opening the assistant's turn).
         Constrained batches then take the shared-context path (``shared_context``): the exact
         answer distribution of each distinct prompt, drawn per agent; free-text batches decode
-        ``sequences`` agents at a time (``engines.llamacpp_batch``).
+        ``sequences`` agents at a time (``engines.llamacpp.batch``).
         """
         chat = batch.opening is not None and self.prompt_format == "chat"
         if chat:
             texts = self.chat_template.render_all(batch.prompt, batch.opening)  # type: ignore[union-attr]
             batch = replace(batch, prompt=texts)
-        if self.spec.shared_context and shares(batch.constraint) and len(batch):
+        if self.spec.shared_context and applies(batch.constraint) and len(batch):
             # A chat-rendered prompt writes its own BOS (as _tokens below): none is added.
-            return self._shared_context().generate(batch, self.chain(batch.sampling), add_bos=not chat)
+            return self._shared_context().generate(batch, Chain.of(batch.sampling), add_bos=not chat)
         if self._batched and batch.constraint is None and len(batch):
             tokens = [prompt_tokens(self.llm, p, add_bos=not chat) for p in batch.prompt]
             return CompletionBatch.from_rows(self._streams().generate(tokens, batch.seed, batch.sampling, self.spec.stop).free)
         return self.one_by_one(batch, chat)
 
     def reason_and_answer(self, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
-        """Chain of thought (``engines.reason_and_answer``): with ``shared_context`` and
+        """Chain of thought (``Engine.reason_and_answer``): with ``shared_context`` and
         ``sequences`` > 1 each agent's answer follows its reasoning in the same KV stream (its
         exact distribution, drawn with its seed), without evaluating the prompt again."""
-        if not (self._batched and shares(answer.constraint) and len(free)):
+        if not (self._batched and applies(answer.constraint) and len(free)):
             return two_phases(self, free, answer, cue)
         chat = free.opening is not None and self.prompt_format == "chat"
         rendered = self.chat_template.render_all(free.prompt, free.opening) if chat else free.prompt  # type: ignore[union-attr]
@@ -257,7 +255,7 @@ class LlamaCppEngine(EngineBase):
 
         assert answer.constraint is not None
         tree = self._shared_context().tree(answer.constraint, answer.sampling.max_tokens)
-        then = Then(answer_prompt, tree, self.chain(answer.sampling), answer.constraint)
+        then = Then(answer_prompt, tree, Chain.of(answer.sampling), answer.constraint)
         out = self._streams().generate(tokens, free.seed, free.sampling, self.spec.stop, then)
         return CompletionBatch.from_rows(out.free), out.answers  # type: ignore[return-value]
 
@@ -289,13 +287,9 @@ class LlamaCppEngine(EngineBase):
             rows[i] = self._complete(requests[i], grammar, chat)
         return CompletionBatch.from_rows(rows)  # type: ignore[arg-type]
 
-    def chain(self, sampling: Sampling) -> Chain:
-        """The sampling chain both paths apply (``create_completion``'s, documented in ``Chain``)."""
-        return Chain.of(sampling)
-
     def _complete(self, request: Request, grammar: object | None, chat: bool = False) -> Completion:
         sampling = request.sampling
-        seed = request.seed if request.seed != _RANDOM_SEED else _RANDOM_SEED - 1
+        seed = fixed_seed(request.seed)
         start = time.perf_counter()
         try:
             out = self.llm.create_completion(
@@ -337,9 +331,7 @@ class LlamaCppEngine(EngineBase):
             self._sequences.close()
         if self._shared is not None:
             self._shared.close()
-        close = getattr(self.llm, "close", None)
-        if close is not None:
-            close()
+        self.llm.close()
 
 
 register("llamacpp", LlamaCppSpec, LlamaCppEngine)

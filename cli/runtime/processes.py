@@ -151,7 +151,7 @@ def clean_leftovers(directory: Path | None = None) -> list[str]:
 
 def _is_watchdog(proc: psutil.Process) -> bool:
     try:
-        return proc.cmdline()[1:3] == ["-m", "flows.processes"]
+        return proc.cmdline()[1:3] == ["-m", "cli.runtime.processes"]
     except psutil.Error:
         return False
 
@@ -179,7 +179,7 @@ def guard(command: str) -> list[str]:
     record = directory / f"{me.pid}.json"
     _write(record, command, me, [])
     _WATCHDOG[:] = [subprocess.Popen(
-        [sys.executable, "-m", "flows.processes", str(me.pid), str(started(me)), str(record), command],
+        [sys.executable, "-m", "cli.runtime.processes", str(me.pid), str(started(me)), str(record), command],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None, close_fds=True,
     )]

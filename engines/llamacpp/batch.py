@@ -10,7 +10,7 @@ repeat penalty, top-k, top-p, min-p, temperature, then a draw seeded with the ag
 stops where it does (an end-of-generation token, a stop sequence, ``max_tokens``) and counts
 tokens as it does. Its text depends on its prompt, its seed and the number of slots only,
 never on the other agents of the batch: a prompt is evaluated alone, in blocks at fixed
-positions (as in ``engines.llamacpp_shared``), into a source stream whose KV is copied
+positions (as in ``engines.llamacpp.shared_context``), into a source stream whose KV is copied
 bit for bit to the agent's slot (llama.cpp makes the copy at the next decode, so the
 source changes only after a step), and every step decodes exactly ``slots`` rows (idle slots
 decode a placeholder; logits are computed only for the rows that draw a token), so each step
@@ -27,10 +27,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engines import Completion, CompletionBatch, Constraint, Sampling
-from engines.exact import AnswerTree, Chain, Distribution, Node, Walker, context_hash
-from engines.llamacpp_blocks import BLOCK, common_prefix, prompt_blocks, resume_point
-from engines.llamacpp_head import HeadRow, HiddenStates, OutputHead
-from engines.llamacpp_internals import close_context, completion_sampler, context_handle, context_memory, new_context, sampler_handle, vocab
+from engines.llamacpp.blocks import BLOCK, common_prefix, prompt_blocks, resume_point
+from engines.llamacpp.head import HeadRow, HiddenStates, OutputHead
+from engines.llamacpp.internals import close_context, completion_sampler, context_handle, context_memory, new_context, sampler_handle, vocab
+from engines.shared_context import AnswerTree, Chain, Distribution, Node, Walker, context_hash
 
 #: Slots of the default engine. Measured on Gemma 3 270M, 2 threads, without flash attention
 #: (a step decodes one token per slot and computes each slot's 262k logits): 12 ms a token at
@@ -43,7 +43,7 @@ SLOTS = 8
 @dataclass
 class Then:
     """What follows each agent's free text in its own slot: the answer, drawn with the agent's
-    seed from the exact distribution of its answer prompt (``engines.exact.Walker``).
+    seed from the exact distribution of its answer prompt (``engines.shared_context.Walker``).
 
     ``prompt(index, text)``: the agent's answer prompt (its prompt, free text and cue) as
     text and tokens. The slot keeps the KV of the prompt and the free text, so only the
@@ -87,7 +87,7 @@ class Sequences:
     """A llama.cpp context of ``slots`` decoding streams plus one source stream, on a loaded
     ``llama_cpp.Llama``'s weights (the model is shared, not loaded again).
 
-    With ``head`` (``engines.llamacpp_head``), a decode stops at the last hidden state and a row
+    With ``head`` (``engines.llamacpp.head``), a decode stops at the last hidden state and a row
     gives the logits of the tokens asked only (``row[tokens]``), checked once against the full
     logits at the first prompt (the full logits from then on if they differ).
 
@@ -103,7 +103,7 @@ class Sequences:
         # The model's own context settings (SWA cache, KV types, RoPE…), with flash attention:
         # a step of 32 streams costs 16 % less with it here (265 ms against 316 ms). Without it
         # (``flash_attention=False``: the model's own setting), a step of 1–3 rows decodes each
-        # row bit for bit as the model's own context decodes it alone (engines.llamacpp_shared).
+        # row bit for bit as the model's own context decodes it alone (engines.llamacpp.shared_context).
         params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
         if flash_attention:
             params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED

@@ -5,7 +5,7 @@ Each node of a prompt's answer tree is evaluated from the longest prefix kept in
 single-token decodes, and sorted prompts share prefixes. Two prompts' trees are walked side by
 side in streams of their own (``STREAMS``), a node of each per decode, with the hidden state the
 model's own context gives each node alone; only the answer tokens' logits are computed from it
-(``engines.llamacpp_head``: llama.cpp's own arithmetic, within float noise of its full logits).
+(``engines.llamacpp.head``: llama.cpp's own arithmetic, within float noise of its full logits).
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from typing import Any, Callable
 import numpy as np
 
 from engines import CompletionBatch, RequestBatch
-from engines.board import Claims
-from engines.exact import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, Node, NodeRequest, SharedAnswers, Walker, walk
-from engines.llamacpp_batch import Sequences
-from engines.llamacpp_blocks import common_prefix, prompt_blocks, resume_point
-from engines.llamacpp_head import OutputHead
-from engines.llamacpp_internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, eval_without_logits, last_logits, vocab
+from engines.llamacpp.batch import Sequences
+from engines.llamacpp.blocks import common_prefix, prompt_blocks, resume_point
+from engines.llamacpp.head import OutputHead
+from engines.llamacpp.internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, eval_without_logits, last_logits, vocab
 from engines.models import cache_dir
+from engines.shared_context import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, Node, NodeRequest, SharedContextAnswers, Walker, walk
+from engines.shared_context.board import Claims
 
 #: Answer-tree nodes decoded together, each in its own KV stream. Measured on Gemma 3 270M, one
 #: thread, a decode of 1, 2, 3 rows: 21, 50, 87 ms with the full output layer; 9.1, 13.0, 19.4 ms
-#: with the answer tokens' rows alone (``engines.llamacpp_head``, the default). 1–3 rows in
+#: with the answer tokens' rows alone (``engines.llamacpp.head``, the default). 1–3 rows in
 #: separate streams (without flash attention) are bit for bit the rows the model's own context
 #: decodes one at a time, while 4 or more are not (llama.cpp's repacked Q4_K kernels take over), so two.
 STREAMS = 2
@@ -72,7 +72,7 @@ def answer_vocab(llm: Any) -> AnswerVocab:
 
 
 def output_head(llm: Any) -> OutputHead | None:
-    """The model's output layer for the answer tokens' logits alone (``engines.llamacpp_head``),
+    """The model's output layer for the answer tokens' logits alone (``engines.llamacpp.head``),
     read once per model file and process; None where that path does not apply."""
     key = str(llm.model_path)
     if key not in _HEADS:
@@ -143,11 +143,11 @@ class _Walk:
     feed: list[int] = field(default_factory=list)
 
 
-class SharedContext:
+class LlamaCppSharedContext:
     """Exact answer distributions on a loaded ``llama_cpp.Llama``.
 
     With ``streams`` > 1 (the default), each prompt is evaluated in the source stream of a
-    second context on the same weights (``engines.llamacpp_batch.Sequences``, the model's own
+    second context on the same weights (``engines.llamacpp.batch.Sequences``, the model's own
     attention settings) and its tree's nodes are decoded ``streams`` at a time, each in a stream
     of its own that holds the prompt (copied) and the node's path; with ``streams=1``, in the
     model's own context, one node after another. Both give the same logits bit for bit
@@ -162,7 +162,7 @@ class SharedContext:
         self._slot_kv: list[list[int]] = [[] for _ in range(streams)]
         self.vocab = answer_vocab(llm)
         self.n_vocab = llm.n_vocab()
-        self.answers = SharedAnswers()
+        self.answers = SharedContextAnswers()
         self.tree = AnswerTrees(self.vocab)
         #: Tokens decoded so far (prompt blocks and tree paths), and the least that could have
         #: been: each distinct prompt's edges in the trie of the prompts computed so far (its
@@ -173,7 +173,7 @@ class SharedContext:
         self._last: list[int] = []
 
     def prepare(self) -> None:
-        """Make the streams' context now and check its head (``engines.llamacpp_head``) on a short
+        """Make the streams' context now and check its head (``engines.llamacpp.head``) on a short
         prompt, rather than at the first prompt: an engine does it while it waits for work."""
         if self.streams > 1 and self._sequences is None:
             self._sequences = Sequences(self.llm, self.streams, self.llm.n_ctx(), self.llm.context_params.n_threads, flash_attention=False,
@@ -208,7 +208,7 @@ class SharedContext:
                       claims: Claims | None = None) -> list[tuple[Distribution, int] | Exception | None]:
         """Each prompt's exact distribution and token count, or the exception that prevented it
         (a prompt longer than the context: that prompt only). Sorted prompts evaluate from the
-        previous one's kept prefix. With ``claims`` (``engines.board``), only the prompts this
+        previous one's kept prefix. With ``claims`` (``engines.shared_context.board``), only the prompts this
         engine claims, one at a time as it gets to them, published as they are done; the others
         are None."""
         tokens = [self.prompt_tokens(p, add_bos) for p in prompts]

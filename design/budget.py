@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from prompts.context import agent_variables, round_variables, shown_own_guesses
+from core.game import history_row
+from design.arms import Arm
+from design.seen import seen
+from prompts.context import agent_variables
 from prompts.render import render_distinct
-from tasks.arms import Arm
 
 #: Distinct prompts counted per arm: the longest by characters (a million personas may
 #: render a million distinct prompts; tokens grow with characters).
@@ -25,14 +27,8 @@ def longest_prompts(arm: Arm, personas: pl.DataFrame) -> list[str]:
     last = rule.rounds
     wide = max(rule.high - 0.01, rule.low)  # means and targets show two decimals
     n = personas.height
-    history = [
-        {"round": r, "n": n, "n_valid": n, "mean": wide, "median": wide, "target": wide, "winning_guess": wide, "n_winners": n}
-        for r in range(1, last)
-    ]
-    shared = round_variables(rule, personas, last, history)
-    agents = personas
-    if last > 1:
-        agents = shown_own_guesses(agents.with_columns(own_guesses=pl.lit([float(rule.high)] * (last - 1), dtype=pl.List(pl.Float64))), rule.history)
+    history = [history_row(r, n, wide, wide, n) for r in range(1, last)]
+    shared, agents = seen(rule, personas, last, history, own_guesses=[float(rule.high)] * (last - 1) if last > 1 else None)
     distinct = render_distinct(arm.mode.template, shared, agent_variables(agents))
     return sorted(distinct, key=len, reverse=True)[:LONGEST]
 

@@ -4,7 +4,7 @@ The models compose domain types defined where they belong — the game rule in t
 (``core.game.GameRule``), engine specs beside the engines (``engines``), population
 specs and backstory settings in ``populations``. Every field has a description, which
 ``keynes config`` prints as the reference. Reading a config imports no orchestration
-(Prefect, Ray); ``flows.loading`` reads YAML, applies overrides and words the errors.
+(Prefect, Ray); ``design.loading`` reads YAML, applies overrides and words the errors.
 """
 
 from __future__ import annotations
@@ -19,25 +19,20 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 import engines
 from core.game import GameOverride, GameRule, Groups, History
+from design.arms import Arm
 from engines import SamplingSettings
 from engines.mixture import MixtureSpec
 from populations.backstories import BackstoryConfig
 from populations.spec import PopulationSpec, SpecError, load_spec, parse_spec
 from prompts.modes import MODES, custom_mode
-from tasks.arms import Arm
 
 
 class ConfigError(ValueError):
     """A config problem, as one line: ``field.path: what is wrong``."""
 
 
-def _engine_union() -> Any:
-    # Every registered engine, plus a mixture of them (several engines in one game).
-    classes = tuple(engines.spec_class(kind) for kind in engines.available()) + (MixtureSpec,)
-    return Annotated[Union[classes], Field(discriminator="kind")]
-
-
-EngineConfig = _engine_union()
+#: Every registered engine, plus a mixture of them (several engines in one game).
+EngineConfig = engines.spec_union(MixtureSpec)
 
 
 def _template_problem(path: str) -> str | None:
@@ -316,8 +311,8 @@ class ExperimentConfig(Strict):
 
         import polars as pl
 
+        from design.budget import longest_prompts
         from populations.sampler import sample
-        from tasks.budget import longest_prompts
 
         own = {i: p if isinstance(p, str) else p.name for i, p in enumerate(self.arms.prompts) if not (isinstance(p, str) and p in MODES)}
         if not own:

@@ -18,8 +18,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 import engines
+from design.config import ConfigError, ExperimentConfig
 from engines.mixture import MixtureSpec
-from flows.config import ConfigError, ExperimentConfig
 
 #: Configs parsed in this process, by their text and overrides: a run parses its config once
 #: (the CLI, the flow run's name and the flow read the same file with the same overrides). A

@@ -1,0 +1,78 @@
+"""``keynes plan``: an experiment's calls, tokens, time and cost before anything runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli.common import console, fail, out
+from cli.table import narrow_table
+
+
+def plan(
+    config: Annotated[Path, typer.Argument(help="The experiment config (YAML).")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field: dotted.key=value (repeatable).")] = None,
+    sample_: Annotated[int, typer.Option("--sample", min=1, help="Agents whose prompts are rendered and counted.")] = 24,
+    calibrate: Annotated[int, typer.Option("--calibrate", min=0, help="Agents that play round 1 on the configured engine to time it (0: none; openai engines send real requests).")] = 3,
+    calls_per_second: Annotated[Optional[float], typer.Option("--calls-per-second", min=0, help="Your own throughput figure (LLM calls per second for the whole run) instead of the calibration's.")] = None,
+    format_: Annotated[str, typer.Option("--format", help="Output format: table or json.")] = "table",
+) -> None:
+    """Estimate an experiment before running it: calls, tokens, time and cost per arm. Writes nothing.
+
+    Example: keynes plan experiments/quickstart.yaml --set population.size=1000
+    """
+    from design.config import ConfigError
+    from design.loading import load_config
+
+    if format_ not in ("table", "json"):
+        fail(f"--format: {format_!r} is not one of table, json")
+    try:
+        cfg = load_config(config, list(set_ or []))
+    except ConfigError as exc:
+        fail(str(exc))
+    from design.plan import plan as make_plan
+    from tasks.actor import ShardPlayer
+
+    plans = make_plan(cfg, ShardPlayer, sample_, calibrate, calls_per_second, say=lambda text: console.print(text, highlight=False))
+    rows = [p.row() for p in plans]
+    if format_ == "json":
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return
+    # Narrow enough for an 80-column terminal: two-line headings, a cost column only where an
+    # engine has prices, and each arm's basis below the table.
+    priced = any(r["cost"] is not None for r in rows)
+    table = narrow_table(show_header=True, header_style="bold",
+                         title=f"{cfg.name} ({cfg.experiment_id}): {cfg.population.size:,} agents, nothing run yet")
+    for column in ("arm", "engine", "model", "prompt", "calls", "prompt\ntokens", "completion\ntokens", "time", "cost")[:9 if priced else 8]:
+        table.add_column(column, justify="left" if column in ("arm", "engine", "model", "prompt") else "right",
+                         overflow="fold" if column == "model" else "ellipsis")  # a long model name wraps, whole
+
+    def num(value) -> str:
+        return "–" if value is None else f"{value:,}"
+
+    def duration(seconds) -> str:
+        if seconds is None:
+            return "–"
+        minutes, rest = divmod(seconds, 60)
+        hours, minutes = divmod(minutes, 60)
+        return f"{int(hours)} h {int(minutes)} min" if hours else f"{int(minutes)} min {rest:.0f} s" if minutes else f"{rest:.1f} s"
+
+    def money(value) -> list[str]:
+        return ["–" if value is None else f"{value:,.4f}"] if priced else []
+
+    for r in rows:
+        table.add_row(str(r["arm"]), r["engine"], r["model"], r["prompt_mode"], num(r["calls"]), num(r["prompt_tokens"]),
+                      num(r["completion_tokens"]), duration(r["seconds"]), *money(r["cost"]))
+    total = lambda key: None if any(r[key] is None for r in rows) else sum(r[key] for r in rows)  # noqa: E731
+    if len(rows) > 1:
+        table.add_row("all", "", "", "", num(total("calls")), num(total("prompt_tokens")), num(total("completion_tokens")),
+                      duration(total("seconds")), *money(total("cost")), style="bold")
+    out.print(table)
+    for r in rows:
+        out.print(f"arm {r['arm']}: {r['basis']}", highlight=False)
+    if len(rows) > 1:
+        out.print("all: the arms run one after another", highlight=False)

@@ -1,0 +1,93 @@
+"""``keynes run``: run (or resume) an experiment, with progress bars."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from cli.common import START_A_SERVER, STARTUP_TIMEOUT, RichReporter, bold, call_flow, console, fail
+from tasks.timings import mark
+
+
+def run(
+    config: Annotated[Path, typer.Argument(help="The experiment config (YAML).")],
+    db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse (overrides `db` in the config).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field: dotted.key=value (repeatable).")] = None,
+) -> None:
+    """Run (or resume) an experiment and store every guess.
+
+    Example: keynes run experiments/quickstart.yaml --set population.size=1000 --set game.rounds=2
+    """
+    from design.config import ConfigError
+    from design.loading import load_config
+    from warehouse.store import Warehouse, WarehouseError
+
+    overrides = list(set_ or []) + ([f"db={db}"] if db else [])
+    try:
+        cfg = load_config(config, overrides)
+        # Before anything starts: a run that cannot write its warehouse writes nothing.
+        Warehouse(cfg.db).check_writable()
+    except (ConfigError, WarehouseError) as exc:
+        fail(str(exc))
+    from cli.runtime.processes import guard
+
+    for line in guard("keynes run"):  # what a killed earlier run left behind
+        console.print(line, highlight=False)
+    from design.prompting import check_prompting
+
+    try:  # a model that cannot be prompted as configured (chat without a template) starts nothing
+        check_prompting(cfg, cfg.arms_list())
+    except ConfigError as exc:
+        fail(str(exc))
+    from tasks import progress as progress_hooks
+
+    columns = [TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TextColumn("agents"), TimeElapsedColumn(), TimeRemainingColumn()]
+    console.print(
+        bold(cfg.name, f" ({cfg.experiment_id}): {cfg.population.size:,} agents × {cfg.game.rounds} round(s) × "
+                       f"{len(cfg.arms_list())} arm(s) → {cfg.db}"), highlight=False,
+    )
+    mark("cli: header")
+    from cli.runtime.temporary_api import TemporaryAPIError, kept_alive, start_in_background
+
+    api_answers = start_in_background()  # Prefect's temporary API starts while Ray and the actors do
+    import ray
+
+    from flows.experiment import experiment, warm_start
+    from tasks.pool import shutdown_pools, stop_ray
+
+    ray_was_up = ray.is_initialized()  # a caller's own Ray (keynes run called in-process) stays up
+    try:
+        with kept_alive(lambda line: console.print(line, highlight=False)):
+            warm_start(cfg)  # Ray, and the actors that load their model meanwhile
+            api_answers()
+            with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:
+                with progress_hooks.reporting(RichReporter(bar)):
+                    mark("cli: flow called")
+                    summary = call_flow(experiment, str(config), overrides)
+                    mark("cli: flow returned")
+    except (ConfigError, WarehouseError) as exc:
+        fail(str(exc))
+    except TemporaryAPIError as exc:
+        fail(f"{exc} ({STARTUP_TIMEOUT}); nothing was run. Give it longer, or {START_A_SERVER}" if exc.timed_out
+             else f"{exc}; nothing was run. Try again, or {START_A_SERVER}")
+    finally:
+        if ray_was_up:
+            shutdown_pools()  # the actors warm_start started in the caller's Ray (none left once the flow ran)
+        else:
+            stop_ray()
+        mark("cli: ray shut down")
+    if summary.get("message"):  # nothing was played: say why (e.g. a `continue` experiment is complete)
+        console.print(summary["message"], highlight=False)
+        return
+    # Soft-wrapped: the terminal folds a long line, so the command and the path copy whole.
+    console.print(
+        f"done: {summary['rounds_played']} round(s) played, {summary['rows_written']:,} guesses written. "
+        f"Query them: keynes sql --db {shlex.quote(str(cfg.db))} \"select * from round_summary\"", highlight=False, soft_wrap=True,
+    )
+    if summary.get("report"):
+        console.print(f"report: {summary['report']}", highlight=False, soft_wrap=True)

@@ -1,0 +1,12 @@
+"""The vLLM engine: offline ``vllm.LLM`` in the Ray actor that owns it, one GPU (or CPU) each.
+
+``engine`` is the engine and its spec; ``shared_context`` computes answer-tree logits with one
+``generate`` per tree level; ``convert`` turns a bundled GGUF into the Hugging Face folder vLLM
+loads (``keynes models prepare``).
+"""
+
+from __future__ import annotations
+
+from engines.vllm.engine import VllmEngine, VllmSpec
+
+__all__ = ["VllmEngine", "VllmSpec"]

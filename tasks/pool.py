@@ -51,8 +51,9 @@ def _signals_deferred() -> Iterator[None]:
     ``ray.init`` makes SIGTERM a bare ``sys.exit`` in the driver, and it starts Ray's processes;
     an exception raised by a signal handler while Python runs an at-fork callback of one of
     those starts is dropped ("Exception ignored in: <function _releaseLock>"), and the signal
-    with it: the run went on as if nothing had been sent. The caller's SIGTERM handler (the
-    flow's: the run then ends as interrupted, like on Ctrl-C; before the flow, under ``keynes run``, the default: the process ends by it) is kept after ``ray.init`` too.
+    with it, and the run would go on as if nothing had been sent. So the caller's SIGTERM handler
+    is kept after ``ray.init`` (the flow's: the run ends as interrupted, as on Ctrl-C; under
+    ``keynes run`` before the flow, the default: the process ends).
     """
     if threading.current_thread() is not threading.main_thread():
         yield

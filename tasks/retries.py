@@ -27,7 +27,7 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 #: Set while a flow run that was sent Ctrl-C or SIGTERM ends (``flows.failures`` notes the
 #: signals): an error a task meets then is the interrupt's doing — an actor stopped by the same
 #: Ctrl-C, a query DuckDB cut short — and a retry would carry the run on as if nothing had been
-#: sent (it did: the run completed with exit 0).
+#: sent.
 INTERRUPTED = threading.Event()
 
 

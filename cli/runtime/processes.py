@@ -51,8 +51,8 @@ def started(proc: psutil.Process) -> float:
     """When ``proc`` started, in seconds since boot on Linux: what tells a process from a later one
     with its pid. Not psutil's ``create_time``: that adds the boot time the kernel reports in whole
     wall-clock seconds, recomputed at every look, so a step or slew of the clock across a second
-    moves every process's ``create_time`` by a second or more, and a live command looked dead to
-    the next one (which then ended its processes). Elsewhere: ``create_time``.
+    moves every process's ``create_time`` by a second or more, and a live command would look dead
+    to the next one (which would end its processes). Elsewhere: ``create_time``.
 
     Raises:
         psutil.Error: the process is gone.

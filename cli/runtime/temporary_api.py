@@ -9,12 +9,11 @@ then points Prefect's settings at it (``PREFECT_API_URL``, for the rest of the p
 imports ``prefect.server`` at all.
 
 Once the server is gone, every API call retries a refused connection for about a minute before
-it gives up. Killed (the OOM killer, a stray ``kill -9``), the run crawled for many minutes, then
-crashed; on Ctrl-C, which the terminal sends to the server too (it is in the run's process
-group), the interrupted flow's last call (recording its end) took over a minute and ended in a
-traceback. ``kept_alive`` watches the server while the flow runs and starts it again on the same
-port and database: the calls in flight retry until it answers, and the run goes on, or ends as
-interrupted within seconds.
+it gives up: a server killed mid-run (the OOM killer, a stray ``kill -9``, or a Ctrl-C, which the
+terminal sends to the server too, as it is in the run's process group) would stall the run and
+then fail it. ``kept_alive`` watches the server while the flow runs and starts it again on the
+same port and database: the calls in flight retry until it answers, and the run goes on, or ends
+as interrupted within seconds.
 """
 
 from __future__ import annotations

@@ -32,11 +32,10 @@ from engines.llamacpp.head import HeadRow, HiddenStates, OutputHead
 from engines.llamacpp.internals import close_context, completion_sampler, context_handle, context_memory, new_context, sampler_handle, vocab
 from engines.shared_context import AnswerTree, Chain, Distribution, Node, Walker, context_hash
 
-#: Slots of the default engine. Measured on Gemma 3 270M, 2 threads, without flash attention
-#: (a step decodes one token per slot and computes each slot's 262k logits): 12 ms a token at
-#: 16 slots, 10 ms at 32, 9.5 ms at 64, against 22 ms for one sequence alone. Every step
-#: decodes all slots, so a shard of fewer agents than slots pays for the idle ones: the
-#: default suits shards of ~10 agents and more; large shards gain with 32.
+#: Slots of the default engine. A step decodes one token for every slot, busy or not, so a shard
+#: of fewer agents than slots pays for the idle ones: 8 suits shards of ~10 agents and more; large
+#: shards gain with more (``LlamaCppSpec.sequences``; benchmarks/decode_shapes.py measures what a
+#: token costs by the shape of its decode).
 SLOTS = 8
 
 

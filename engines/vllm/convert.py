@@ -57,7 +57,7 @@ def prepare(name: str = "gemma-3-270m", out: Path | None = None, force: bool = F
     target = prepared_path(name, out)
     gguf = gguf_path(name)  # assembled from its PyPI package (sha256-checked) once
     if is_prepared(target) and not force:
-        add_bos_like_gguf(gguf, target)  # folders prepared before this fix get it in place
+        add_bos_like_gguf(gguf, target)  # a folder prepared without it gets it in place
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

@@ -40,7 +40,7 @@ def models_prepare(
 
     Example: keynes models prepare gemma-3-270m
     """
-    from engines.vllm.convert import BUNDLED, is_prepared, timed_prepare
+    from engines.vllm import BUNDLED, is_prepared, timed_prepare
 
     if name not in BUNDLED:
         fail(f"name: unknown model {name!r}; bundled: {', '.join(sorted(BUNDLED))}")

@@ -3,7 +3,7 @@
 Requests of a batch run concurrently (up to ``concurrency``) on an asyncio loop owned by
 the engine; 429, 5xx, timeouts and connection errors are retried with exponential
 backoff, a ``Retry-After`` honoured. ``requests_per_minute``/``tokens_per_minute`` are kept
-by all actors of the engine together (``tasks.limits``). Servers may silently ignore
+by all actors of the engine together (``engines.limits``). Servers may silently ignore
 constraint fields, so every answer is validated and resampled (a fresh seed) a few times
 before it is stored as an error.
 """
@@ -23,7 +23,7 @@ import httpx
 from pydantic import Field
 
 from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, register
-from tasks.limits import Limiter
+from engines.limits import Limiter
 from prompts.answers import number_gbnf
 from prompts.chat import PromptFormat
 

@@ -1,7 +1,7 @@
 """A hosted API's request and token limits on Ray: one named actor per engine config, for all its actors.
 
 The driver creates it (``ensure_shared``) before an engine's actors start, so the limits belong to
-the run; each engine's ``tasks.limits.Limiter`` finds it by name.
+the run; each engine's ``engines.limits.Limiter`` finds it by name.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from engines import EngineSpec
-from tasks.limits import Limits, actor_name
+from engines.limits import Limits, actor_name
 
 
 def _remote_class() -> Any:

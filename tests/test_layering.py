@@ -159,3 +159,40 @@ def test_sql_lives_in_the_warehouse():
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and query.match(node.value)
     )
     assert not found, f"SQL outside warehouse/: {found}"
+
+
+def _third_party(modules: set[str]) -> set[str]:
+    """The top-level names of what these modules import from outside keynes."""
+    names = set()
+    for module in modules:
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return names - set(LAYERS)
+
+
+def _closure(module: str, seen: set[str] | None = None) -> set[str]:
+    """``module`` and every keynes module it imports, directly or not."""
+    seen = {module} if seen is None else seen
+    for target in GRAPH[module] - seen:
+        seen.add(target)
+        _closure(target, seen)
+    return seen
+
+
+def test_the_design_imports_neither_prefect_nor_ray():
+    """What an experiment is can be read, checked and planned without the orchestration."""
+    design = {m for m in MODULES if m.split(".")[0] == "design"}
+    reached = set().union(*(_closure(m) for m in design))
+    assert not {m for m in reached if m.split(".")[0] in {"tasks", "flows", "cli", "warehouse"}}, reached
+    assert not _third_party(reached) & {"prefect", "ray", "duckdb"}
+
+
+@pytest.mark.parametrize("package", ["engines.llamacpp", "engines.vllm"])
+def test_a_package_keeps_its_modules_to_itself(package: str):
+    """Outside a package, only its ``__init__`` is imported: its modules are its own business."""
+    inside = [m for m in GRAPH if m == package or m.startswith(package + ".")]
+    outside = sorted(f"{m} imports {t}" for m, ts in GRAPH.items() if m not in inside for t in ts if t.startswith(package + "."))
+    assert not outside, outside

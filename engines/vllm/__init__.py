@@ -7,6 +7,7 @@ loads (``keynes models prepare``).
 
 from __future__ import annotations
 
+from engines.vllm.convert import BUNDLED, is_prepared, timed_prepare, vllm_model
 from engines.vllm.engine import VllmEngine, VllmSpec
 
-__all__ = ["VllmEngine", "VllmSpec"]
+__all__ = ["BUNDLED", "VllmEngine", "VllmSpec", "is_prepared", "timed_prepare", "vllm_model"]

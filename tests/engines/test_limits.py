@@ -6,7 +6,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from tasks.limits import Bucket, Limits
+from engines.limits import Bucket, Limits
 from tests.engines.test_openai import batch, engine_for
 from tests.support.fault_proxy import FaultProxy, cycle, first
 

@@ -74,7 +74,7 @@ def _alive(pid: int, created: float) -> psutil.Process | None:
     """The process ``pid`` if it is still the one ``started`` at ``created`` (pids are reused)."""
     try:
         proc = psutil.Process(pid)
-        # A record written before ``started`` holds a create_time (seconds since 1970).
+        # A record that holds a create_time (seconds since 1970, past 1e9) is read as one; others hold ``started``.
         now = proc.create_time() if created > 1e9 else started(proc)
         return proc if abs(now - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE else None
     except psutil.Error:

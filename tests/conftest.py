@@ -143,6 +143,19 @@ def scope_of(nodeid: str) -> str:
     return _GROUP_OF.get(module, module)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs(component, available, how): the test needs a component "
+                            "(tests/support/requirements.py: skipped where it is missing, failed under CI)")
+
+
+def pytest_runtest_setup(item):
+    """Tests marked ``needs`` whose component is missing: skipped, or failed under CI."""
+    from tests.support.requirements import require
+
+    for mark in item.iter_markers("needs"):
+        require(mark.kwargs["available"], mark.args[0], mark.kwargs["how"])
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
     """The heaviest scopes first (``WEIGHTS``), each scope's tests kept in pytest-randomly's order."""

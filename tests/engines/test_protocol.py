@@ -16,14 +16,25 @@ ENGINE_CLASSES = {"llamacpp": "engines.llamacpp:LlamaCppEngine", "openai": "engi
                   "simulated": "engines.simulated:SimulatedEngine", "vllm": "engines.vllm:VllmEngine"}
 
 
-def test_every_registered_engine_inherits_the_protocols_defaults():
+def test_every_registered_engine_is_built_by_its_own_class_from_its_own_spec():
+    """What ``EngineBase`` cannot give: each kind registers its own spec and engine class, the
+    spec validates to that kind, and the class labels its rows with it and implements what the
+    protocol leaves to each engine (``generate``, ``close``); the defaults it inherits are values
+    the actors and the plan can use."""
+    from engines import _REGISTRY
+
     assert sorted(ENGINE_CLASSES) == available()
     for kind, where in ENGINE_CLASSES.items():
         module, name = where.split(":")
         cls = getattr(importlib.import_module(module), name)
-        assert issubclass(cls, EngineBase), kind
-        for member in ("generate", "reason_and_answer", "close", "prompt_format", "limit_wait_s"):
-            assert hasattr(cls, member), (kind, member)
+        assert issubclass(cls, EngineBase) and cls.kind == kind, kind
+        assert _REGISTRY[kind].build is cls and _REGISTRY[kind].spec is spec_class(kind), kind
+        assert spec_class(kind).model_fields["kind"].default == kind, kind  # parse_spec({"kind": kind}) is this kind
+        for member in ("generate", "close"):
+            owner = next((c for c in cls.__mro__ if member in vars(c)), object)
+            assert owner not in (EngineBase, object) and callable(vars(owner)[member]), (kind, member, owner)
+        assert cls.prompt_format in ("completion", "chat") or isinstance(vars(cls).get("prompt_format"), property), kind
+        assert isinstance(cls.limit_wait_s, (int, float)) or isinstance(vars(cls).get("limit_wait_s"), property), kind
 
 
 def test_the_simulated_engine_is_an_engine_and_reasons_in_two_phases():

@@ -9,6 +9,8 @@ importtime`` lists, with no timing: a fresh process per command, on a real wareh
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -55,19 +57,40 @@ def test_keynes_help_imports_nothing_heavy():
     assert not modules & HEAVY, f"keynes --help imported {sorted(modules & HEAVY)}"
 
 
-def test_keynes_run_checks_its_config_and_warehouse_without_pandas(tmp_path):
-    """What ``keynes run`` does before its first line (``cli.app.run``: the config, the
-    warehouse's check, the prompt format) leaves pandera and pandas (~0.6 s) to the rows' writes."""
-    probe = f"""
-import sys
-from design.loading import load_config
-from design.prompting import check_prompting
-from warehouse.store import Warehouse
-cfg = load_config("experiments/quickstart.yaml", ["db={tmp_path / 'k.duckdb'}"])
-Warehouse(cfg.db).check_writable()
-check_prompting(cfg, cfg.arms_list())
-print(sorted(name for name in ("pandera", "pandas", "prefect", "ray") if name in sys.modules))
-"""
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "[]", result.stdout
+def test_keynes_run_prints_its_first_line_before_the_validation_stack_is_imported(tmp_path, session_cli):
+    """``keynes run`` itself, as a user starts it, up to its first line: what ``cli.app.run`` does
+    before its header (the config, the warehouse's check, the watchdog, the prompt format, the
+    progress hooks) leaves pandera and pandas (~0.6 s), Prefect and Ray to what comes after.
+
+    ``python -X importtime`` and the command's ``KEYNES_TIMINGS`` phases share its stderr, in the
+    order they happened: the modules listed before the ``cli: header`` phase are those imported
+    before the header was printed. The command is then killed with what it started (its process
+    group: it joins the session's Prefect API and Ray, so it starts neither)."""
+    from cli.runtime.processes import TAG
+
+    env, ray_address = session_cli
+    env = {k: v for k, v in env.items() if k != TAG} | {"KEYNES_TIMINGS": "1", "KEYNES_CACHE": str(tmp_path / "cache")}
+    command = [sys.executable, "-X", "importtime", "-m", "cli.app", "run", "experiments/quickstart.yaml",
+               "--db", str(tmp_path / "k.duckdb"), "--set", f"workers.ray_address={ray_address}"]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    before, rest = set(), []
+    try:
+        for line in process.stderr:
+            if line.startswith("import time:"):
+                before.add(line.rpartition("|")[2].strip())
+            elif line.startswith("keynes-timing") and line.rstrip().endswith(" cli: header"):
+                break
+            else:
+                rest.append(line)
+        else:
+            pytest.fail("keynes run ended without printing its header:\n" + "".join(rest)[-3000:])
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
+        process.stderr.close()
+    # The probe saw the command's own path to its header: the config, the warehouse, the watchdog,
+    # the prompt format, the progress hooks.
+    assert {"design.loading", "warehouse.store", "cli.runtime.processes", "design.prompting", "tasks.progress"} <= before, sorted(before)
+    heavy = {name.split(".")[0] for name in before} & {"pandera", "pandas", "prefect", "ray"}
+    assert not heavy, f"keynes run imported {sorted(heavy)} before its first line"

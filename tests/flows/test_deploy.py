@@ -24,6 +24,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.support.prefect_db import seed_home
+from tests.support.processes import mark_of, marked, wait_marked
 from tests.support.sql import q
 from tests.support.waiting import free_port, wait_for
 
@@ -388,7 +389,7 @@ def interrupted(served):
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from cli.runtime.processes import TAG, tagged
+    from cli.runtime.processes import TAG
 
     folder = served["folder"] / "interrupted"
     folder.mkdir()
@@ -406,8 +407,9 @@ def interrupted(served):
                                env=env, stdout=stdout, stderr=stderr, start_new_session=True, cwd=REPO)
     facts: dict = {"folder": folder, "api": served["api"], "stop_s": None}
     try:
-        tag = f"{process.pid}:{psutil.Process(process.pid).create_time()}"
+        tag = mark_of(process.pid)
         wait_for(lambda: {"slow", "filed"} <= set(_deployments(served["api"])), 120, "the slow and filed deployments")
+        wait_marked(tag)  # its watchdog carries the mark: the mark is serve's, and finding none left below can fail
         with temporary_settings(updates={PREFECT_API_URL: served["api"]}):
             facts["filed"] = run_deployment("experiment/filed", parameters={"overrides": ["seed=6"]}, timeout=240, poll_interval=2)
             facts["refused"] = run_deployment("experiment/filed", parameters={"overrides": ["game.rounds"]}, timeout=240,
@@ -424,7 +426,7 @@ def interrupted(served):
             pass
         facts["returncode"] = process.poll()
         # Every process the command started carries its mark (its watchdog too); zombies are not counted.
-        facts["left"] = [" ".join(p.cmdline()[:3]) for p in tagged(tag, set())]
+        facts["left"] = [" ".join(p.cmdline()[:3]) for p in marked(tag)]
         facts["records"] = sorted(p.name for p in (folder / "cache" / "runs").glob("*.json"))
         with _client(served["api"]) as client:
             facts["slow"] = client.read_flow_run(slow.id)

@@ -123,27 +123,44 @@ def test_running_again_writes_nothing_new(spine_db, prefect_api, local_ray):
 
 
 def test_second_round_prompt_announces_the_previous_winner(spine_db):
-    """Round 2's prompts as ``play_round`` builds them from the flow's warehouse (the stored
-    round-1 outcome, each agent's own stored guess) name the winning number and the agent's guess."""
+    """Round 2's prompts as ``play_round`` sent them name round 1's winning number and the agent's
+    own guess. What was sent is read back from what the simulated engine stored: a chain of
+    thought's reasoning is its free text for (prompt, seed), a digest of both (engines/simulated.py).
+    The prompts expected here (the stored personas, the stored round-1 outcome and each agent's
+    stored guess) must give, on the same engine with the same seeds, the reasoning the flow
+    stored: they are the prompts it sent."""
     from core.game import GameRule
-    from prompts.context import agent_variables, game_context
+    from core.seeds import sampling_seeds
+    from engines import RequestBatch, Sampling, build_engine, parse_spec
+    from prompts.context import agent_variables, round_variables
     from prompts.render import format_number, render
     from warehouse.store import Warehouse
 
     path, _ = spine_db
-    [(run_id,)] = q(path, "select run_id from runs where prompt_mode = 'basic'")
+    rule = GameRule(ratio="2/3", rounds=3)
+    [(run_id, experiment_id)] = q(path, "select run_id, experiment_id from runs where prompt_mode = 'cot'")
     warehouse = Warehouse(path)
     history = warehouse.history(run_id, 2)
-    own = warehouse.own_guesses(run_id, 2).sort("agent_id")
+    personas = warehouse.read_personas(experiment_id).sort("agent_id")  # as the flow reads them back
+    agents = personas.join(warehouse.own_guesses(run_id, 2), on="agent_id", how="left")
     [(winner,)] = q(path, "select winning_guess from rounds where run_id = ? and round = 1", [run_id])
     guesses = q(path, "select agent_id, guess from guesses where run_id = ? and round = 1 order by agent_id", [run_id])
-    assert [h["round"] for h in history] == [1] and own["agent_id"].to_list() == [a for a, _ in guesses]
-    texts = render("basic.j2", {"game": game_context(GameRule(ratio="2/3", rounds=3), 250), "round": 2, "history": history},
-                   agent_variables(own))
+    assert [h["round"] for h in history] == [1] and agents["agent_id"].to_list() == [a for a, _ in guesses]
+    texts = render("cot.j2", round_variables(rule, personas, 2, history), agent_variables(agents))
     assert len(texts) == 250
     for text, (_, guess) in zip(texts, guesses):
         assert f"the winning number was {format_number(winner)}" in text, text
         assert f"you named {format_number(guess)}." in text, text
+    # The stored reasoning of round 2 is the engine's free text for exactly these prompts ...
+    ids = agents["agent_id"].to_numpy()
+    seeds = sampling_seeds(CONFIG["seed"], ids, 2)
+    engine = build_engine(parse_spec(CONFIG["arms"]["engines"][0]))
+    expected = engine.generate(RequestBatch(ids, texts, seeds, Sampling(0.7, 16), None)).text
+    stored = [r for (r,) in q(path, "select reasoning from guesses where run_id = ? and round = 2 order by agent_id", [run_id])]
+    assert stored == list(expected), [(s, e) for s, e in zip(stored, expected) if s != e][:3]
+    # ... and not for the same agents' prompts without round 1's outcome (what round 1 showed them).
+    unaware = render("cot.j2", round_variables(rule, personas, 2, []), agent_variables(personas))
+    assert not set(engine.generate(RequestBatch(ids, unaware, seeds, Sampling(0.7, 16), None)).text) & set(stored)
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def one(mode: str, **kwargs) -> str:
     return render(get_mode(mode).template, shared(**kwargs), agents())[0]
 
 
-def test_the_issue_modes_exist():
+def test_the_built_in_prompt_modes_exist_and_all_but_basic_reason_first():
     assert {"basic", "cot", "cot_rational", "cot_strategic", "note", "background", "population"} <= set(MODES)
     assert not MODES["basic"].reasoning and all(MODES[m].reasoning for m in MODES if m != "basic")
 

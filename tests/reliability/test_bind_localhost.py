@@ -22,8 +22,9 @@ import psutil
 import pytest
 import yaml
 
-from cli.runtime.processes import TAG, tagged
+from cli.runtime.processes import TAG
 from tests.conftest import REPO
+from tests.support.processes import mark_of, marked
 
 #: Two actors playing rounds of 40 simulated agents, 0.5 s per wave: the run is still playing when
 #: the test has seen every server it expects, and ends it.
@@ -65,7 +66,7 @@ def started_by(run: psutil.Process, mark: str) -> list[psutil.Process]:
         procs |= {p.pid: p for p in run.children(recursive=True)}
     except psutil.NoSuchProcess:
         pass
-    return list((procs | {p.pid: p for p in tagged(mark, set(procs))}).values())
+    return list((procs | {p.pid: p for p in marked(mark, set(procs))}).values())
 
 
 def listening(procs: list[psutil.Process]) -> set[tuple[str, int, str]]:
@@ -99,13 +100,15 @@ def test_every_server_a_keynes_run_starts_listens_on_localhost_only(tmp_path, pr
         run = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config)], cwd=REPO, env=env,
                                stdout=out, stderr=subprocess.STDOUT)
     parent = psutil.Process(run.pid)
-    mark = f"{run.pid}:{parent.create_time()}"  # its KEYNES_RUN_TAG, as cli.runtime.processes.guard sets it
+    mark = mark_of(run.pid)  # its KEYNES_RUN_TAG, as cli.runtime.processes.guard sets it
     seen: set[tuple[str, int, str]] = set()
     procs: list[psutil.Process] = []
+    carriers: set[int] = set()  # processes seen carrying the mark: none would mean a mark that is not the run's
     try:
         deadline, enough = time.monotonic() + 300, None
         while run.poll() is None and time.monotonic() < (enough or deadline):
             procs = started_by(parent, mark)
+            carriers |= {p.pid for p in marked(mark, {run.pid})}
             seen |= listening(procs)
             if enough is None and not missing(seen):
                 enough = time.monotonic() + 1.0  # a little longer, for any server that starts last
@@ -113,13 +116,14 @@ def test_every_server_a_keynes_run_starts_listens_on_localhost_only(tmp_path, pr
     finally:
         run.kill()  # mid-run: end it and everything it started (its watchdog would, test_orphans.py)
         run.wait(10)
-        rest = [*procs, *tagged(mark, {run.pid})]
+        rest = [*procs, *marked(mark, {run.pid})]
         for proc in rest:
             try:
                 proc.kill()
             except psutil.Error:
                 pass
         psutil.wait_procs(rest, timeout=30)
+    assert carriers, f"no process carried the run's mark {mark}: reparented processes would go unchecked"
     assert not missing(seen), f"never saw listening: {missing(seen)}; saw {sorted(seen)}\n{log.read_text()[-3000:]}"
     exposed = {(pid, where): name for name, pid, where in sorted(seen) if not on_this_machine(where.rsplit(":", 1)[0])}
     assert not exposed, "listening beyond this machine: " + "; ".join(f"{name} (pid {pid}) on {where}" for (pid, where), name in exposed.items())

@@ -24,6 +24,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.support.prefect_db import seed_home
+from tests.support.sql import held_when
 
 N, ROUNDS, ARMS, SHARD = 120, 4, 2, 20
 CONFIG = {
@@ -106,16 +107,34 @@ def reference(setup):
     """An uninterrupted run, read by ``keynes sql`` over and over while it writes, and by
     ``keynes report`` started as soon as its first shard is committed.
 
-    Each snapshot is taken by a new ``keynes sql`` process; how many there are and what they
-    see depends on the machine's speed. What does not: the simulated engine sleeps 0.25 s per
-    shard and phase (>= 5.5 s for the 47 shards after the first commit), so the report and the
-    first reader are started while the run still writes."""
+    Each snapshot is taken by a new ``keynes sql`` process. The first three are taken mid-run
+    whatever the machine's speed: each once more guesses are committed than the last one saw,
+    while this process holds the file, so that the writer's next commit waits until the snapshot
+    is taken (``held``: what was committed, and what the snapshot saw). How many more there are
+    depends on the machine's speed. The simulated engine sleeps 0.25 s per shard and phase
+    (>= 5.5 s for the 47 shards after the first commit), so the report is started while the run
+    still writes."""
     root, config, env = setup
     db = root / "reference.duckdb"
     start = time.monotonic()
-    writer = subprocess.Popen(keynes("run", str(config), "--db", str(db)), cwd=REPO, env=env,
+    # Its commits wait while a snapshot below holds the file: a lock timeout far longer than one.
+    writer = subprocess.Popen(keynes("run", str(config), "--db", str(db)), cwd=REPO, env={**env, "KEYNES_LOCK_TIMEOUT_S": "600"},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    snapshots, failures, report, builder = [], [], None, None
+    snapshots, failures, report, builder, held = [], [], None, None, []
+
+    def take_snapshot() -> None:
+        reader = snapshot(db, env)
+        if reader.returncode != 0:
+            failures.append(reader.stderr)
+        else:
+            snapshots.append(json.loads(reader.stdout)[0])
+
+    def more_than(after: int):
+        def ready(n: int) -> bool:
+            assert n < TOTAL and writer.poll() is None, f"the run ended before snapshot {len(held) + 1} ({n} guesses)"
+            return n > after
+        return ready
+
     out = root / "mid-run-report.html"
     try:
         while writer.poll() is None and not (db.exists() and committed_guesses(db)):
@@ -125,12 +144,13 @@ def reference(setup):
             report = {"guesses_at_start": committed_guesses(db), "out": out}
             builder = subprocess.Popen(keynes("report", "--db", str(db), "--out", str(out)),
                                        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for _ in range(3):
+            with held_when(db, "select count(*) from guesses", more_than(held[-1][0] if held else 0), 600,
+                           "more guesses committed") as committed:
+                take_snapshot()
+                held.append((committed, snapshots[-1]["guesses"] if snapshots else None))
         while writer.poll() is None:
-            reader = snapshot(db, env)
-            if reader.returncode != 0:
-                failures.append(reader.stderr)
-            else:
-                snapshots.append(json.loads(reader.stdout)[0])
+            take_snapshot()
             time.sleep(0.5)
         _, err = writer.communicate(timeout=600)
         if builder is not None:
@@ -144,14 +164,18 @@ def reference(setup):
     final = snapshot(db, env)
     assert final.returncode == 0, final.stderr[-3000:]
     return {"db": db, "snapshots": snapshots, "final": json.loads(final.stdout)[0], "failures": failures,
-            "seconds": time.monotonic() - start, "report": report}
+            "seconds": time.monotonic() - start, "report": report, "held": held}
 
 
 @pytest.mark.slow
 def test_readers_see_consistent_snapshots_while_a_run_writes(reference):
     snapshots, final = reference["snapshots"], reference["final"]
     assert reference["failures"] == []
-    assert snapshots, "no reader was started while the run wrote"
+    # At least three snapshots mid-run, each exactly what was committed when it was taken.
+    assert len(snapshots) >= 3 and any(0 < s["guesses"] < TOTAL for s in snapshots), snapshots
+    held = reference["held"]
+    assert len(held) == 3 and [seen for _, seen in held] == [committed for committed, _ in held], held
+    assert all(0 < committed < TOTAL for committed, _ in held), held
     assert final == {"guesses": TOTAL, "shard_agents": TOTAL, "rounds": ROUNDS * ARMS, "incomplete_rounds": 0, "duplicates": 0}
     for s in snapshots:
         # Whole shards only, their guesses with them; rounds only once all their guesses are in.

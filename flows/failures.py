@@ -32,7 +32,7 @@ from design.config import ConfigError
 from design.loading import load_config
 from tasks import store
 from tasks.retries import INTERRUPTED
-from warehouse.store import WarehouseError
+from tasks.store import WarehouseError
 
 #: Errors whose message is the whole story (each names the field or file and the value).
 INPUT_ERRORS: tuple[type[Exception], ...] = (ConfigError, WarehouseError)

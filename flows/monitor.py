@@ -28,9 +28,9 @@ from prefect.client.schemas.actions import ArtifactUpdate
 from core.game import RoundOutcome
 from design.arms import Arm
 from reports.urls import page_url, report_base_url
-from tasks import progress
+from tasks import progress, store
 from tasks.artifacts import artifact_key, safely
-from warehouse.store import Warehouse
+from tasks.store import Warehouse
 
 #: Least seconds between two updates of one progress artifact (a million agents commit thousands of shards).
 PROGRESS_INTERVAL_S = 1.0
@@ -161,18 +161,17 @@ def worker_rows(warehouse: Warehouse, experiment_id: str, since: datetime, node_
     Each row: node (address and short id), worker (host:pid), engine, shards done,
     agents, agents/s while busy.
     """
-    frame = warehouse.worker_summary(experiment_id, since)
     names = node_names or {}
     return [
         {
-            "node": f"{names[r['node']]} ({r['node'][:8]})" if r["node"] in names else r["node"][:12],
-            "worker": r["worker"],
-            "engine": r["engine"],
-            "shards": int(r["shards"]),
-            "agents": int(r["agents"]),
-            "agents/s": round(r["agents_per_s"], 1) if r["agents_per_s"] is not None else None,
+            "node": f"{names[w.node]} ({w.node[:8]})" if w.node in names else w.node[:12],
+            "worker": w.worker,
+            "engine": w.engine,
+            "shards": w.shards,
+            "agents": w.agents,
+            "agents/s": round(w.agents_per_s, 1) if w.agents_per_s is not None else None,
         }
-        for r in frame.to_dicts()
+        for w in store.workers(warehouse, experiment_id, since)
     ]
 
 

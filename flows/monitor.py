@@ -8,14 +8,12 @@ Monitoring never fails a run: an artifact the API refuses is logged and skipped.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import (
-    TableArtifact,
     create_link_artifact,
     create_markdown_artifact,
     create_progress_artifact,
@@ -27,6 +25,7 @@ from prefect.client.schemas.actions import ArtifactUpdate
 
 from core.game import RoundOutcome
 from design.arms import Arm
+from flows.prefect_internals import table_artifact_data
 from reports.urls import page_url, report_base_url
 from tasks import progress, store
 from tasks.artifacts import artifact_key, safely
@@ -206,7 +205,7 @@ def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> Non
         if artifact_id is not None:
             _TABLES[slot] = artifact_id
         return
-    data = json.dumps(TableArtifact._sanitize(rows))
+    data = table_artifact_data(rows)
 
     def update() -> None:
         with get_client(sync_client=True) as client:

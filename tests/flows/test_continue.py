@@ -79,7 +79,7 @@ def test_after_the_last_round_runs_end_at_once_with_a_clear_message(serial_runs)
 def test_flow_run_names_say_which_round_is_next(serial_runs):
     _, _, runs = serial_runs
     names = [flow_run_name(state) for state, *_ in runs]
-    experiment_id = runs[0][1]["experiment_id"]
+    experiment_id = runs[0][1].experiment_id
     assert names[0] == f"{experiment_id}: 40 agents × 2 arm(s), round 1 of 3"
     assert names[2].endswith("round 3 of 3")
     assert names[3].endswith("all 3 round(s) done")
@@ -149,6 +149,6 @@ def test_later_runs_take_the_personas_from_prefects_cache(serial_runs):
             )
             states += [r.state for r in task_runs if r.name.startswith("personas-")]
     assert [s.name for s in states] == ["Completed", "Cached", "Cached"]
-    experiment_id = runs[0][1]["experiment_id"]
+    experiment_id = runs[0][1].experiment_id
     assert states[1].result() == {"experiment_id": experiment_id, "agents": 40, "sampled": True}
     assert q(path, "select count(*), count(distinct agent_id) from personas") == [(40, 40)]

@@ -211,6 +211,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         mark("flow: run rows")
         monitor.publish_report(cfg.experiment_id)  # the live page, when a report server runs
         since = datetime.now(timezone.utc)
+        workers = monitor.workers_table(cfg.experiment_id)  # this run's table of Ray workers, updated each round
         # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
         with progress.reporting(monitor.Fanout(progress.current(), monitor.ArtifactProgress())):
             # Arms that share an engine run back to back on the same actors; the pool is
@@ -218,7 +219,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             for _, same_engine in groupby(arms, key=lambda a: a.engine.key):
                 group = list(same_engine)
                 for arm in group:
-                    rounds[arm.run_id] = _play_arm(cfg, arm, plan[arm.run_id], finished.get(arm.run_id, set()), personas, warehouse, since)
+                    rounds[arm.run_id] = _play_arm(cfg, arm, plan[arm.run_id], finished.get(arm.run_id, set()), personas, warehouse, since, workers)
                 if any(plan[arm.run_id] for arm in group):
                     shutdown_pools()
                     mark("flow: actors released")
@@ -251,6 +252,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
 
 def _play_arm(
     cfg: ExperimentConfig, arm: Arm, rounds: list[int], finished: set[int], personas, warehouse: store.Warehouse, since: datetime,
+    workers: monitor.LiveTable,
 ) -> ArmPlayed:
     """Play an arm's rounds of this run: play → environment → store, each round's outcome published."""
     written = 0
@@ -269,7 +271,7 @@ def _play_arm(
             seconds = time.perf_counter() - start
             store.store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
             analyses_s += _analyse(warehouse, cfg.experiment_id, arm.run_id, round_)
-            monitor.publish_workers(warehouse, cfg.experiment_id, since)
+            monitor.publish_workers(warehouse, cfg.experiment_id, since, workers)
         mark(f"flow: round {round_} stored and analysed")
         monitor.publish_round(arm, round_, result, seconds)
         written += played.written

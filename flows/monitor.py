@@ -186,40 +186,44 @@ def ray_node_names() -> dict[str, str]:
         return {}
 
 
-#: (flow run, artifact key) → the id of the table artifact that run updates in place.
-_TABLES: dict[tuple[str, str], UUID] = {}
+class LiveTable:
+    """A table artifact of one flow run: created at its first ``publish``, then updated in place
+    (no new version, so the run's Artifacts tab shows one card). The flow makes one per run.
+
+    Args:
+        key: the artifact's key.
+        description: shown under the table.
+    """
+
+    def __init__(self, key: str, description: str):
+        self.key, self.description = key, description
+        self.artifact_id: UUID | None = None
+
+    def publish(self, rows: list[dict[str, Any]]) -> None:
+        if self.artifact_id is None:
+            self.artifact_id = safely(
+                "create a table artifact", lambda: create_table_artifact(table=rows, key=self.key, description=self.description)
+            )
+            return
+        artifact_id, update = self.artifact_id, ArtifactUpdate(data=table_artifact_data(rows), description=self.description)
+
+        def send() -> None:
+            with get_client(sync_client=True) as client:
+                client.update_artifact(artifact_id, update)
+
+        safely("update a table artifact", send)
 
 
-def _flow_run_id() -> str:
-    from prefect.runtime import flow_run
-
-    return str(flow_run.id)
-
-
-def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> None:
-    """One table artifact per flow run and key: created once, then updated in place (no new
-    version, so the run's Artifacts tab shows one card)."""
-    slot = (_flow_run_id(), key)
-    if slot not in _TABLES:
-        artifact_id = safely("create a table artifact", lambda: create_table_artifact(table=rows, key=key, description=description))
-        if artifact_id is not None:
-            _TABLES[slot] = artifact_id
-        return
-    data = table_artifact_data(rows)
-
-    def update() -> None:
-        with get_client(sync_client=True) as client:
-            client.update_artifact(_TABLES[slot], ArtifactUpdate(data=data, description=description))
-
-    safely("update a table artifact", update)
+def workers_table(experiment_id: str) -> LiveTable:
+    """The table of the Ray workers a run of the experiment uses (``publish_workers``)."""
+    return LiveTable(artifact_key("workers", experiment_id), f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)")
 
 
-def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime) -> list[dict[str, Any]]:
-    """The table artifact of the Ray workers in use, updated after each round."""
+def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime, table: LiveTable) -> list[dict[str, Any]]:
+    """The Ray workers in use since ``since``, published to ``table`` after each round."""
     rows = safely("read the shards table", lambda: worker_rows(warehouse, experiment_id, since, ray_node_names())) or []
     if rows:
-        publish_table(artifact_key("workers", experiment_id), rows,
-                      f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)")
+        table.publish(rows)
     return rows
 
 

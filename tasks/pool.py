@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 IN_FLIGHT_PER_ACTOR = 2
 
 
+#: What ``ensure_ray`` learned when it connected (address, dashboard URL): kept per process because
+#: Ray's connection is per process (``ray.init`` once, ``ray.is_initialized`` after) and says neither.
 _RAY: dict[str, Any] = {}
 
 #: The address a local Ray's node has, and so every server of it listens on: this machine only.
@@ -209,6 +211,8 @@ def run_pools(
         on_done(finished)
 
 
+#: The driver's pools by engine and size, kept across rounds and arms until ``shutdown_pools``: a
+#: pool's actors belong to this driver process (they die with it), so the process owns the pools.
 _POOLS: dict[str, WorkerPool] = {}
 
 

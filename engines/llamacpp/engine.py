@@ -111,6 +111,8 @@ class LlamaCppSpec(EngineSpec):
         return "n_ctx", self.n_ctx
 
 
+#: Vocabulary-only models, by file, loaded for counting tokens before a run: a spec is a frozen
+#: config with no lifetime of its own, so the process keeps them (closed at exit, ``_vocabulary``).
 _VOCABULARIES: dict[str, Any] = {}
 
 

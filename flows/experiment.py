@@ -102,7 +102,7 @@ def round_plan(cfg: ExperimentConfig, arms: list[Arm], finished: dict[str, set[i
     ``continue: true`` only the next unfinished one."""
     plan = {}
     for arm in arms:
-        todo = [r for r in range(1, arm.rule.rounds + 1) if r not in finished.get(arm.run_id, set())]
+        todo = [r for r in range(1, arm.rule.rounds + 1) if r not in finished[arm.run_id]]
         plan[arm.run_id] = todo[:1] if cfg.continue_ else todo
     return plan
 
@@ -219,7 +219,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             for _, same_engine in groupby(arms, key=lambda a: a.engine.key):
                 group = list(same_engine)
                 for arm in group:
-                    rounds[arm.run_id] = _play_arm(cfg, arm, plan[arm.run_id], finished.get(arm.run_id, set()), personas, warehouse, since, workers)
+                    rounds[arm.run_id] = _play_arm(cfg, arm, plan[arm.run_id], finished[arm.run_id], personas, warehouse, since, workers)
                 if any(plan[arm.run_id] for arm in group):
                     shutdown_pools()
                     mark("flow: actors released")

@@ -64,8 +64,8 @@ def held(warehouse: Warehouse) -> AbstractContextManager[None]:
 
 
 def finished_rounds(warehouse: Warehouse, run_ids: list[str], read_only: bool = False) -> dict[str, set[int]]:
-    """The rounds whose outcome is stored, per run."""
-    return warehouse.finished_rounds(run_ids, read_only=read_only)
+    """The rounds whose outcome is stored, for each of ``run_ids`` (an empty set: none yet)."""
+    return {run_id: set() for run_id in run_ids} | warehouse.finished_rounds(run_ids, read_only=read_only)
 
 
 def run_row(experiment_id: str, arm: Arm, prompting: Prompting | None = None) -> RunRow:

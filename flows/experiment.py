@@ -4,7 +4,8 @@ environment → store (the round, then its analyses) → report.
 The flow calls the stages in order, each in its module in ``tasks/`` (personas, play,
 environment, store, report), and publishes what the Prefect UI shows (``flows/monitor``);
 every read and write of the warehouse, the flow's and each stage's, is a call to the store
-stage (``tasks/store.py``; tests/test_layering.py checks it). Rerunning the same config
+stage (``tasks/store.py``; tests/test_layering.py checks it), but the report page, which
+``reports/`` builds from the file as ``keynes report`` does. Rerunning the same config
 resumes: finished rounds are skipped, missing shards are played, no row is written twice.
 With ``continue: true`` each run plays only the next round.
 """

@@ -10,9 +10,11 @@ report or not). Before a round, ``stored_round`` hands play what is stored alrea
 done, own guesses, history); after it, ``workers`` tells the Prefect UI who played it, and
 the report stage reads ``round_summary``.
 
-This is the only module of ``tasks/`` and ``flows/`` that imports ``warehouse`` or calls a
-method of the handle ``open_warehouse`` returns; the others hold that handle (typed
-``Warehouse``) and pass it here (tests/test_layering.py). Where the stage adds something a
+This is the only module of ``tasks/`` and ``flows/`` that imports ``warehouse`` (but for the
+two error classes the retry rule names, ``tasks/retries.py``) or touches the handle
+``open_warehouse`` returns; the others hold that handle (typed ``Warehouse``) and pass it here
+(tests/test_layering.py). The report page itself is ``reports/``'s, which reads the file on its
+own, as ``keynes report`` does. Where the stage adds something a
 function does it: the rows it builds (``run_row``, ``commit_shards``' records), what it reads
 together (``stored_round``, ``personas_identity``), its rules (``close_statuses``, the
 complete round ``load_round`` insists on). The rest forward one call to ``warehouse.store``,

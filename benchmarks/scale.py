@@ -168,19 +168,19 @@ def run_one(n: int, latency_s: float, args, workdir: Path, sampler: MemorySample
         rows = con.execute("select count(*) from guesses").fetchall()[0][0]
         shards = con.execute("select count(*) from shards").fetchall()[0][0]
         nodes = dict(con.execute("select node, count(*) from shards group by node order by node").fetchall())
-    arms = summary["arms"]
-    if rows != n * arms or summary["rows_written"] != n * arms:
-        raise SystemExit(f"{n} agents × {arms} arm(s): {rows} guesses stored, {summary['rows_written']} written — expected {n * arms}")
+    arms = summary.arms
+    if rows != n * arms or summary.rows_written != n * arms:
+        raise SystemExit(f"{n} agents × {arms} arm(s): {rows} guesses stored, {summary.rows_written} written — expected {n * arms}")
     report_s = None
     if args.report:
         from reports.export import write_reports
 
         t = time.perf_counter()
-        write_reports(str(db), str(workdir / f"scale-{n}-{latency_s:g}-report.html"), summary["experiment_id"])
+        write_reports(str(db), str(workdir / f"scale-{n}-{latency_s:g}-report.html"), summary.experiment_id)
         report_s = time.perf_counter() - t
     if not args.keep_db:
         db.unlink(missing_ok=True)
-    return Row(n, latency_s, wall, rows / wall, peak / 2**20, cpu, shards, rows, nodes, report_s, summary["analyses_s"], arms)
+    return Row(n, latency_s, wall, rows / wall, peak / 2**20, cpu, shards, rows, nodes, report_s, summary.analyses_s, arms)
 
 
 def start_ray(args) -> tuple[str | None, object | None, float]:

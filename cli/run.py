@@ -81,13 +81,13 @@ def run(
         else:
             stop_ray()
         mark("cli: ray shut down")
-    if summary.get("message"):  # nothing was played: say why (e.g. a `continue` experiment is complete)
-        console.print(summary["message"], highlight=False)
+    if summary.message:  # nothing was played: say why (e.g. a `continue` experiment is complete)
+        console.print(summary.message, highlight=False)
         return
     # Soft-wrapped: the terminal folds a long line, so the command and the path copy whole.
     console.print(
-        f"done: {summary['rounds_played']} round(s) played, {summary['rows_written']:,} guesses written. "
+        f"done: {summary.rounds_played} round(s) played, {summary.rows_written:,} guesses written. "
         f"Query them: keynes sql --db {shlex.quote(str(cfg.db))} \"select * from round_summary\"", highlight=False, soft_wrap=True,
     )
-    if summary.get("report"):
-        console.print(f"report: {summary['report']}", highlight=False, soft_wrap=True)
+    if summary.report:
+        console.print(f"report: {summary.report}", highlight=False, soft_wrap=True)

@@ -6,13 +6,12 @@ imports Prefect and Ray.
 
 from __future__ import annotations
 
-from typing import Any
-
 from design.arms import Arm
 from design.config import ConfigError, ExperimentConfig
+from engines import Prompting
 
 
-def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, dict[str, Any]]:
+def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, Prompting]:
     """Each arm's prompt format, resolved before anything runs (see ``EngineSpec.prompting``).
 
     Raises:
@@ -20,7 +19,7 @@ def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, dict[st
     """
     from engines.models import ModelError
 
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Prompting] = {}
     for arm in arms:
         try:
             out[arm.run_id] = arm.engine.prompting()

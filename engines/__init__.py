@@ -27,6 +27,36 @@ if TYPE_CHECKING:
     from engines.shared_context.board import Board
 
 
+# --------------------------------------------------------------------------- prompt format
+@dataclass(frozen=True)
+class Prompting:
+    """How an engine formats prompts, resolved before a run starts (``EngineSpec.prompting``) and
+    stored with it (``runs.prompting``, as ``as_json``).
+
+    ``format``: ``completion``, ``chat``, or ``auto`` (a hub model's tokenizer decides when it
+    loads); ``chat_template_sha256``: the digest of the chat template used (chat only);
+    ``components``: a mixture's, one per component (its own format is then ``mixture``).
+    """
+
+    format: str
+    chat_template_sha256: str | None = None
+    components: tuple[Prompting, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``runs.prompting`` value."""
+        if self.components:
+            return {"components": [c.as_json() for c in self.components]}
+        return {"format": self.format, "chat_template_sha256": self.chat_template_sha256}
+
+
+@dataclass(frozen=True)
+class ServerPrompting(Prompting):
+    """An HTTP engine's prompt format: a chat template is the server's, not visible to keynes."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {**super().as_json(), "chat_template": "server" if self.format == "chat" else None}
+
+
 # --------------------------------------------------------------------------- requests
 @dataclass(frozen=True)
 class Constraint:
@@ -281,17 +311,17 @@ class EngineSpec(BaseModel):
         """The model label stored with every guess."""
         raise NotImplementedError
 
-    def prompting(self) -> dict[str, Any]:
+    def prompting(self) -> Prompting:
         """How this engine will format prompts, resolved before a run starts and stored with it.
 
         Returns:
-            ``{"format": "completion" | "chat", "chat_template_sha256": digest or None}``.
+            The format (``completion`` or ``chat``) and the chat template's digest (chat only).
 
         Raises:
             engines.models.ModelError: the model cannot be prompted as configured
                 (e.g. ``chat`` for a model without a chat template).
         """
-        return {"format": "completion", "chat_template_sha256": None}
+        return Prompting("completion")
 
     def count_tokens(self, prompts: Sequence[str]) -> np.ndarray | None:
         """Each prompt's tokens as this engine will send it (chat template, BOS and special

@@ -56,9 +56,9 @@ class MixtureSpec(BaseModel):
     def model_name(self) -> str:
         return "mixture"
 
-    def prompting(self) -> dict[str, Any]:
+    def prompting(self) -> engines.Prompting:
         """Each component's prompt format (see ``EngineSpec.prompting``)."""
-        return {"components": [c.engine.prompting() for c in self.components]}
+        return engines.Prompting("mixture", components=tuple(c.engine.prompting() for c in self.components))
 
     def check_context(self, prompts: Any, reserve: int, mode: str) -> None:
         """Every component must fit the prompts (see ``EngineSpec.check_context``)."""

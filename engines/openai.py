@@ -22,7 +22,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
-from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, register
+from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, ServerPrompting, register
 from engines.limits import Limiter
 from prompts.answers import number_gbnf
 from prompts.chat import PromptFormat
@@ -65,9 +65,9 @@ class OpenAISpec(EngineSpec):
     def model_name(self) -> str:
         return self.model
 
-    def prompting(self) -> dict[str, Any]:
+    def prompting(self) -> ServerPrompting:
         """The configured format; the chat template is the server's (not visible to keynes)."""
-        return {"format": self.prompt_format, "chat_template_sha256": None, "chat_template": "server" if self.prompt_format == "chat" else None}
+        return ServerPrompting(self.prompt_format)
 
     def rate_limits(self) -> tuple[float | None, float | None]:
         return self.requests_per_minute, self.tokens_per_minute

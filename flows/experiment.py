@@ -3,18 +3,20 @@ environment → store (the round, then its analyses) → report.
 
 The flow calls the stages in order, each in its module in ``tasks/`` (personas, play,
 environment, store, report), and publishes what the Prefect UI shows (``flows/monitor``);
-every write to the warehouse is the store stage's (``tasks/store.py``). Rerunning
-the same config resumes: finished rounds are skipped, missing shards are played, no
-row is written twice. With ``continue: true`` each run plays only the next round.
+every read and write of the warehouse, the flow's and each stage's, is a call to the store
+stage (``tasks/store.py``; tests/test_layering.py checks it), but the report page, which
+``reports/`` builds from the file as ``keynes report`` does. Rerunning the same config
+resumes: finished rounds are skipped, missing shards are played, no row is written twice.
+With ``continue: true`` each run plays only the next round.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import groupby
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.states import Completed
@@ -33,6 +35,43 @@ from tasks.play import answer_ahead, play_round
 from tasks.pool import ensure_ray, shutdown_pools, warm_pool
 from tasks.report import report_stage
 from tasks.timings import mark
+
+
+@dataclass(frozen=True)
+class ArmPlayed:
+    """An arm's rounds in one run of the flow: those played, whether every round of the arm is
+    now stored (``complete``), the guesses written and the seconds its analyses took."""
+
+    played: tuple[int, ...]
+    complete: bool
+    rows_written: int
+    analyses_s: float
+
+
+@dataclass(frozen=True)
+class ExperimentSummary:
+    """What a run of the flow did: the experiment and its warehouse, its arms' rounds
+    (``rounds``, by run id), the totals, and whether every round of every arm is now played
+    (``complete``); ``message`` says why nothing was played, ``report`` is the page written
+    (None: none), ``dashboard_url`` the Ray dashboard's."""
+
+    experiment_id: str
+    db: str
+    arms: int
+    rounds: dict[str, ArmPlayed] = field(default_factory=dict)
+    complete: bool = False
+    analyses_s: float = 0.0
+    message: str | None = None
+    report: str | None = None
+    dashboard_url: str | None = None
+
+    @property
+    def rounds_played(self) -> int:
+        return sum(len(arm.played) for arm in self.rounds.values())
+
+    @property
+    def rows_written(self) -> int:
+        return sum(arm.rows_written for arm in self.rounds.values())
 
 
 def start_workers(cfg: ExperimentConfig, arms: list[Arm], plan: dict[str, list[int]]) -> None:
@@ -64,7 +103,7 @@ def round_plan(cfg: ExperimentConfig, arms: list[Arm], finished: dict[str, set[i
     ``continue: true`` only the next unfinished one."""
     plan = {}
     for arm in arms:
-        todo = [r for r in range(1, arm.rule.rounds + 1) if r not in finished.get(arm.run_id, set())]
+        todo = [r for r in range(1, arm.rule.rounds + 1) if r not in finished[arm.run_id]]
         plan[arm.run_id] = todo[:1] if cfg.continue_ else todo
     return plan
 
@@ -99,7 +138,7 @@ def _flow_run_name() -> str:
 
 @flow(name="experiment", flow_run_name=_flow_run_name, log_prints=True)
 @one_line_failures
-def experiment(config: str | dict, overrides: list[str] | None = None, db: str | None = None) -> dict[str, Any]:
+def experiment(config: str | dict, overrides: list[str] | None = None, db: str | None = None) -> ExperimentSummary:
     """Run (or resume) an experiment.
 
     Args:
@@ -120,23 +159,19 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     arms = cfg.arms_list()
     finished = store.finished_rounds(warehouse, [a.run_id for a in arms])
     plan = round_plan(cfg, arms, finished)
-    summary: dict[str, Any] = {
-        "experiment_id": cfg.experiment_id, "db": str(cfg.db), "arms": len(arms),
-        "rounds_played": 0, "rows_written": 0, "rounds": {}, "complete": False, "analyses_s": 0.0,
-    }
     if not any(plan.values()):
         # Nothing to play (e.g. a scheduled `continue: true` experiment that reached game.rounds):
         # end at once, without starting Ray, and say so where the user looks (log and state).
         store.close_statuses(warehouse, cfg.experiment_id, [a.run_id for a in arms])
         # A run killed after its last round was stored but before that round's analyses: add
         # them now (with nothing missing this costs three small queries).
-        _analyse(warehouse, cfg.experiment_id, arms[-1].run_id, cfg.game.rounds, summary)
+        analyses_s = _analyse(warehouse, cfg.experiment_id, arms[-1].run_id, cfg.game.rounds)
         message = (
             f"experiment {cfg.experiment_id} is complete: all {cfg.game.rounds} round(s) of {len(arms)} arm(s) "
             f"are in {cfg.db}; nothing to play"
         )
         logger.info(message)
-        summary["complete"], summary["message"] = True, message
+        summary = ExperimentSummary(cfg.experiment_id, str(cfg.db), len(arms), complete=True, analyses_s=analyses_s, message=message)
         return Completed(message=message, data=summary)  # type: ignore[return-value]
 
     prompting = check_prompting(cfg, arms)
@@ -144,6 +179,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         warehouse, cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
     mark("flow: experiment row")
+    rounds: dict[str, ArmPlayed] = {}
     try:
         start_workers(cfg, arms, plan)  # under `keynes run` they started already, beside Prefect's temporary API
         personas = experiment_personas(
@@ -169,13 +205,14 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         if first is not None and plan[first.run_id][0] == 1 and answer_ahead(first, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size):
             mark("flow: round 1's prompts handed ahead")
         ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
-        if ray_info.get("dashboard_url"):
-            print(f"Ray dashboard: {monitor.publish_dashboard(ray_info['dashboard_url'])}")
-            summary["dashboard_url"] = ray_info["dashboard_url"]
+        dashboard_url = ray_info.get("dashboard_url")
+        if dashboard_url:
+            print(f"Ray dashboard: {monitor.publish_dashboard(dashboard_url)}")
         store.begin_runs(warehouse, [store.run_row(cfg.experiment_id, arm, prompting[arm.run_id]) for arm in arms])
         mark("flow: run rows")
         monitor.publish_report(cfg.experiment_id)  # the live page, when a report server runs
         since = datetime.now(timezone.utc)
+        workers = monitor.workers_table(cfg.experiment_id)  # this run's table of Ray workers, updated each round
         # Progress goes to whoever listens already (the CLI's bars) and to the Prefect UI.
         with progress.reporting(monitor.Fanout(progress.current(), monitor.ArtifactProgress())):
             # Arms that share an engine run back to back on the same actors; the pool is
@@ -183,38 +220,44 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
             for _, same_engine in groupby(arms, key=lambda a: a.engine.key):
                 group = list(same_engine)
                 for arm in group:
-                    _play_arm(cfg, arm, plan[arm.run_id], finished.get(arm.run_id, set()), personas, warehouse, summary, since)
+                    rounds[arm.run_id] = _play_arm(cfg, arm, plan[arm.run_id], finished[arm.run_id], personas, warehouse, since, workers)
                 if any(plan[arm.run_id] for arm in group):
                     shutdown_pools()
                     mark("flow: actors released")
     finally:
         shutdown_pools()
     mark("flow: played")
-    summary["complete"] = all(summary["rounds"][a.run_id]["complete"] for a in arms)
-    store.finish_experiment(warehouse, cfg.experiment_id, "completed" if summary["complete"] else "waiting")
+    complete = all(rounds[a.run_id].complete for a in arms)
+    store.finish_experiment(warehouse, cfg.experiment_id, "completed" if complete else "waiting")
     # Stage 5: the report page, linked in the UI. A failed report loses nothing: the
     # guesses are stored and `keynes report` can build the page later.
-    summary["report"] = None
-    if cfg.report.enabled and summary["complete"]:
+    report = None
+    if cfg.report.enabled and complete:
         state = report_stage(str(cfg.db), cfg.experiment_id, cfg.report_path, return_state=True)
         if state.is_completed():
-            summary["report"] = state.result()
-            logger.info("report: %s", summary["report"])
+            report = state.result()
+            logger.info("report: %s", report)
         else:
             logger.error("report failed: %s", state.message)
+    summary = ExperimentSummary(
+        cfg.experiment_id, str(cfg.db), len(arms), rounds, complete, sum(r.analyses_s for r in rounds.values()),
+        report=report, dashboard_url=dashboard_url,
+    )
     logger.info(
         "experiment %s: %d arm(s), %d round(s) played, %d guesses written to %s%s",
-        cfg.experiment_id, len(arms), summary["rounds_played"], summary["rows_written"], cfg.db,
-        "" if summary["complete"] else " (continue: the next run plays the next round)",
+        cfg.experiment_id, len(arms), summary.rounds_played, summary.rows_written, cfg.db,
+        "" if complete else " (continue: the next run plays the next round)",
     )
     return summary
 
 
 def _play_arm(
-    cfg: ExperimentConfig, arm: Arm, rounds: list[int], finished: set[int], personas, warehouse: store.Warehouse,
-    summary: dict[str, Any], since: datetime,
-) -> None:
+    cfg: ExperimentConfig, arm: Arm, rounds: list[int], finished: set[int], personas, warehouse: store.Warehouse, since: datetime,
+    workers: monitor.LiveTable,
+) -> ArmPlayed:
     """Play an arm's rounds of this run: play → environment → store, each round's outcome published."""
+    written = 0
+    analyses_s = 0.0
     for round_ in rounds:
         start = time.perf_counter()
         played = play_round(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
@@ -228,22 +271,21 @@ def _play_arm(
             )
             seconds = time.perf_counter() - start
             store.store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
-            _analyse(warehouse, cfg.experiment_id, arm.run_id, round_, summary)
-            monitor.publish_workers(warehouse, cfg.experiment_id, since)
+            analyses_s += _analyse(warehouse, cfg.experiment_id, arm.run_id, round_)
+            monitor.publish_workers(warehouse, cfg.experiment_id, since, workers)
         mark(f"flow: round {round_} stored and analysed")
         monitor.publish_round(arm, round_, result, seconds)
-        summary["rounds_played"] += 1
-        summary["rows_written"] += played["written"]
+        written += played.written
     complete = finished.union(rounds) >= set(range(1, arm.rule.rounds + 1))
-    summary["rounds"][arm.run_id] = {"played": rounds, "complete": complete}
     store.finish_run(warehouse, arm.run_id, "completed" if complete else "waiting")
+    return ArmPlayed(tuple(rounds), complete, written, analyses_s)
 
 
-def _analyse(warehouse: store.Warehouse, experiment_id: str, run_id: str, round_: int, summary: dict[str, Any]) -> None:
-    """The analyses a stored round completes. A failure costs nothing stored: it is logged, and
-    the next round or ``keynes report`` computes what is missing."""
+def _analyse(warehouse: store.Warehouse, experiment_id: str, run_id: str, round_: int) -> float:
+    """The analyses a stored round completes; the seconds they took. A failure costs nothing
+    stored: it is logged, and the next round or ``keynes report`` computes what is missing."""
     state = store.store_analyses(warehouse, experiment_id, run_id, round_, return_state=True)
     if state.is_completed():
-        summary["analyses_s"] += state.result()["seconds"]
-    else:
-        get_run_logger().warning("analyses of %s round %d failed (%s); keynes report computes them later", run_id, round_, state.message)
+        return state.result().elapsed_s
+    get_run_logger().warning("analyses of %s round %d failed (%s); keynes report computes them later", run_id, round_, state.message)
+    return 0.0

@@ -9,6 +9,8 @@ Other exceptions are bugs and keep Prefect's usual handling, traceback included.
 
 A flow run that ``keynes serve`` started runs in its own process, whose output is the serve
 console's: there its tasks' INFO lines (four per round and arm) go to the Prefect UI only.
+``install`` sets up these logging filters (and, in such a process, the exit hook); the flow
+calls it as it starts (``one_line_failures``), and importing this module changes nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from design.config import ConfigError
 from design.loading import load_config
 from tasks import store
 from tasks.retries import INTERRUPTED
-from warehouse.store import WarehouseError
+from tasks.store import WarehouseError
 
 #: Errors whose message is the whole story (each names the field or file and the value).
 INPUT_ERRORS: tuple[type[Exception], ...] = (ConfigError, WarehouseError)
@@ -65,32 +67,41 @@ class _TaskRunsToTheUIOnly(logging.Filter):
         return record.levelno >= logging.WARNING or not record.name.startswith("prefect.task_runs")
 
 
-# A deployment's flow run runs in `python -m prefect.engine`, which raises the Failed state's
-# exception (or the interrupt) once more and logs it with a traceback twice: on the flow run's
-# logger (sent to the API) and on the engine's.
-for _name in ("prefect.flow_runs", "prefect.engine"):
-    logging.getLogger(_name).addFilter(_NoExpectedTracebacks())
+class _QuietInterrupts:
+    """``sys.excepthook`` of a served flow run's process: no traceback for an interrupt that ends
+    it (Python would print it once more on the way out); anything else goes to the hook before."""
+
+    def __init__(self, previous: Callable[..., Any]):
+        self.previous = previous
+
+    def __call__(self, kind, value, traceback) -> None:
+        if not isinstance(value, INTERRUPTS):
+            self.previous(kind, value, traceback)
 
 
-def _served_run_quietly() -> None:
-    """In a flow run's own process (a runner sets PREFECT__FLOW_RUN_ID), unless ``keynes
-    --verbose``: no task-run INFO on the console, and no traceback for an interrupt that
-    ends the process (Python would print it once more on the way out)."""
+def _add_once(target: logging.Logger | logging.Handler, kind: type[logging.Filter]) -> None:
+    if not any(isinstance(f, kind) for f in target.filters):
+        target.addFilter(kind())
+
+
+def install() -> None:
+    """Make failures one line wherever Prefect would print them again; idempotent.
+
+    A deployment's flow run runs in ``python -m prefect.engine``, which raises the Failed
+    state's exception (or the interrupt) once more and logs it with a traceback twice: on the
+    flow run's logger (sent to the API) and on the engine's; both drop those records. In a flow
+    run's own process (a runner sets PREFECT__FLOW_RUN_ID), unless ``keynes --verbose``, the
+    console also drops task runs' INFO lines, and an interrupt ends the process without a traceback.
+    """
+    for name in ("prefect.flow_runs", "prefect.engine"):
+        _add_once(logging.getLogger(name), _NoExpectedTracebacks)
     if not os.environ.get("PREFECT__FLOW_RUN_ID") or os.environ.get("KEYNES_VERBOSE"):
         return
     for handler in logging.getLogger().handlers:
         if isinstance(handler, PrefectConsoleHandler):
-            handler.addFilter(_TaskRunsToTheUIOnly())
-    previous = sys.excepthook
-
-    def excepthook(kind, value, traceback) -> None:
-        if not isinstance(value, INTERRUPTS):
-            previous(kind, value, traceback)
-
-    sys.excepthook = excepthook
-
-
-_served_run_quietly()
+            _add_once(handler, _TaskRunsToTheUIOnly)
+    if not isinstance(sys.excepthook, _QuietInterrupts):
+        sys.excepthook = _QuietInterrupts(sys.excepthook)
 
 
 def mark_interrupted(config: str | dict, overrides: list[str] | None = None, db: str | None = None) -> str | None:
@@ -177,7 +188,7 @@ def _as_parameter(message: str) -> str:
 
 
 def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap the ``experiment`` flow function: an input error becomes a Failed state with its
+    """Wrap the ``experiment`` flow function (``install`` first): an input error becomes a Failed state with its
     message; an interrupt marks the experiment interrupted and goes on to Prefect (also one
     that a C call turned into its own error: it is raised again as the interrupt it was).
 
@@ -187,6 +198,7 @@ def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        install()
         with _signals_noted() as noted:
             try:
                 return fn(*args, **kwargs)

@@ -8,14 +8,12 @@ Monitoring never fails a run: an artifact the API refuses is logged and skipped.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import (
-    TableArtifact,
     create_link_artifact,
     create_markdown_artifact,
     create_progress_artifact,
@@ -27,10 +25,11 @@ from prefect.client.schemas.actions import ArtifactUpdate
 
 from core.game import RoundOutcome
 from design.arms import Arm
+from flows.prefect_internals import table_artifact_data
 from reports.urls import page_url, report_base_url
-from tasks import progress
+from tasks import progress, store
 from tasks.artifacts import artifact_key, safely
-from warehouse.store import Warehouse
+from tasks.store import Warehouse
 
 #: Least seconds between two updates of one progress artifact (a million agents commit thousands of shards).
 PROGRESS_INTERVAL_S = 1.0
@@ -161,18 +160,17 @@ def worker_rows(warehouse: Warehouse, experiment_id: str, since: datetime, node_
     Each row: node (address and short id), worker (host:pid), engine, shards done,
     agents, agents/s while busy.
     """
-    frame = warehouse.worker_summary(experiment_id, since)
     names = node_names or {}
     return [
         {
-            "node": f"{names[r['node']]} ({r['node'][:8]})" if r["node"] in names else r["node"][:12],
-            "worker": r["worker"],
-            "engine": r["engine"],
-            "shards": int(r["shards"]),
-            "agents": int(r["agents"]),
-            "agents/s": round(r["agents_per_s"], 1) if r["agents_per_s"] is not None else None,
+            "node": f"{names[w.node]} ({w.node[:8]})" if w.node in names else w.node[:12],
+            "worker": w.worker,
+            "engine": w.engine,
+            "shards": w.shards,
+            "agents": w.agents,
+            "agents/s": round(w.agents_per_s, 1) if w.agents_per_s is not None else None,
         }
-        for r in frame.to_dicts()
+        for w in store.workers(warehouse, experiment_id, since)
     ]
 
 
@@ -188,40 +186,44 @@ def ray_node_names() -> dict[str, str]:
         return {}
 
 
-#: (flow run, artifact key) → the id of the table artifact that run updates in place.
-_TABLES: dict[tuple[str, str], UUID] = {}
+class LiveTable:
+    """A table artifact of one flow run: created at its first ``publish``, then updated in place
+    (no new version, so the run's Artifacts tab shows one card). The flow makes one per run.
+
+    Args:
+        key: the artifact's key.
+        description: shown under the table.
+    """
+
+    def __init__(self, key: str, description: str):
+        self.key, self.description = key, description
+        self.artifact_id: UUID | None = None
+
+    def publish(self, rows: list[dict[str, Any]]) -> None:
+        if self.artifact_id is None:
+            self.artifact_id = safely(
+                "create a table artifact", lambda: create_table_artifact(table=rows, key=self.key, description=self.description)
+            )
+            return
+        artifact_id, update = self.artifact_id, ArtifactUpdate(data=table_artifact_data(rows), description=self.description)
+
+        def send() -> None:
+            with get_client(sync_client=True) as client:
+                client.update_artifact(artifact_id, update)
+
+        safely("update a table artifact", send)
 
 
-def _flow_run_id() -> str:
-    from prefect.runtime import flow_run
-
-    return str(flow_run.id)
-
-
-def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> None:
-    """One table artifact per flow run and key: created once, then updated in place (no new
-    version, so the run's Artifacts tab shows one card)."""
-    slot = (_flow_run_id(), key)
-    if slot not in _TABLES:
-        artifact_id = safely("create a table artifact", lambda: create_table_artifact(table=rows, key=key, description=description))
-        if artifact_id is not None:
-            _TABLES[slot] = artifact_id
-        return
-    data = json.dumps(TableArtifact._sanitize(rows))
-
-    def update() -> None:
-        with get_client(sync_client=True) as client:
-            client.update_artifact(_TABLES[slot], ArtifactUpdate(data=data, description=description))
-
-    safely("update a table artifact", update)
+def workers_table(experiment_id: str) -> LiveTable:
+    """The table of the Ray workers a run of the experiment uses (``publish_workers``)."""
+    return LiveTable(artifact_key("workers", experiment_id), f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)")
 
 
-def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime) -> list[dict[str, Any]]:
-    """The table artifact of the Ray workers in use, updated after each round."""
+def publish_workers(warehouse: Warehouse, experiment_id: str, since: datetime, table: LiveTable) -> list[dict[str, Any]]:
+    """The Ray workers in use since ``since``, published to ``table`` after each round."""
     rows = safely("read the shards table", lambda: worker_rows(warehouse, experiment_id, since, ray_node_names())) or []
     if rows:
-        publish_table(artifact_key("workers", experiment_id), rows,
-                      f"{experiment_id}: Ray workers of this run (shards done, agents/s while busy)")
+        table.publish(rows)
     return rows
 
 

@@ -22,6 +22,7 @@ def _remote_class() -> Any:
     return SharedLimits
 
 
+#: The Ray actor class, made once per process on first use (``ray.remote`` here would import Ray with this module).
 _REMOTE: list[Any] = []
 #: Handles the driver keeps, so each shared actor lives as long as the run.
 _HELD: dict[str, Any] = {}

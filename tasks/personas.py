@@ -13,7 +13,6 @@ import hashlib
 import logging
 from typing import Any
 
-import duckdb
 import numpy as np
 import polars as pl
 from prefect import task
@@ -26,10 +25,9 @@ from populations.backstories import BackstoryConfig, attributes_json, cache_keys
 from populations.sampler import sample
 from populations.spec import PopulationSpec
 from prompts.render import render
-from tasks import progress
+from tasks import progress, store
 from tasks.retries import ON_TRANSIENT_ERRORS
-from warehouse.backstories import read_backstories, write_backstories
-from warehouse.store import Warehouse, WarehouseError
+from tasks.store import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +37,10 @@ def personas_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     The warehouse enters as its resolved path and the experiment's ``created_at``, so a
     deleted or replaced file never hits an old cache entry (its personas would be missing).
     """
-    warehouse: Warehouse = parameters["warehouse"]
     experiment_id = parameters["experiment_id"]
-    try:
-        created = warehouse.experiment_created_at(experiment_id)
-    except (WarehouseError, duckdb.Error):
-        return None
-    if created is None:
+    identity = store.personas_identity(parameters["warehouse"], experiment_id)
+    if identity is None:
         return None  # not recorded yet: nothing to tie a cache entry to
-    identity = f"{warehouse.path.resolve()}|{created.isoformat()}"
     return f"personas-{experiment_id}-{parameters['size']}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
 
 
@@ -78,12 +71,12 @@ def personas_stage(
     the personas themselves are read from the warehouse, which is why this stage's
     cached result stays a few bytes at any population size.
     """
-    if warehouse.count_personas(experiment_id) == size:
+    if store.stored_personas(warehouse, experiment_id) == size:
         return {"experiment_id": experiment_id, "agents": size, "sampled": False}
     personas, counts = make_personas(spec, size, seed, warehouse, backstories, actors, ray_address, dashboard)
     if counts:
         log.info("backstories: %(generated)d generated, %(reused)d reused, %(failed)d failed", counts)
-    warehouse.write_personas(experiment_id, personas)
+    store.store_personas(warehouse, experiment_id, personas)
     return {"experiment_id": experiment_id, "agents": size, "sampled": True, **({"backstories": counts} if counts else {})}
 
 
@@ -94,10 +87,10 @@ def experiment_personas(experiment_id: str, spec: PopulationSpec, size: int, see
     whose rows are gone from the file (a replaced warehouse) runs again.
     """
     personas_stage(experiment_id, spec, size, seed, warehouse, **options)
-    personas = warehouse.read_personas(experiment_id)
+    personas = store.read_personas(warehouse, experiment_id)
     if personas.height != size:
         personas_stage.with_options(refresh_cache=True)(experiment_id, spec, size, seed, warehouse, **options)
-        personas = warehouse.read_personas(experiment_id)
+        personas = store.read_personas(warehouse, experiment_id)
     return personas
 
 
@@ -166,12 +159,12 @@ def attach_backstories(
     """
     spec = settings.engine_spec()
     requests = backstory_requests(personas, settings, seed, spec.model_name)
-    cached = read_backstories(warehouse, requests["key"])
+    cached = store.cached_backstories(warehouse, requests["key"])
     missing = requests.join(cached.select("key"), on="key", how="anti", maintain_order="left").unique("key", maintain_order=True)
     generated = failed = 0
     if missing.height:
         generated, failed = _generate(missing, settings, spec, warehouse, actors, ray_address, dashboard)
-        cached = read_backstories(warehouse, requests["key"])
+        cached = store.cached_backstories(warehouse, requests["key"])
     reused = requests.height - missing.height
     joined = requests.select("agent_id", "key").join(cached, on="key", how="left", maintain_order="left")
     out = personas.drop("background", strict=False).with_columns(background=joined["background"])
@@ -199,7 +192,7 @@ def _generate(
     bar = progress.current().start("backstories", total=missing.height)
     template = template_hash(settings.template_path().read_text())
 
-    def store(finished: list[tuple[RequestBatch, CompletionBatch]]) -> None:
+    def commit(finished: list[tuple[RequestBatch, CompletionBatch]]) -> None:
         nonlocal written, failed
         parts = []
         for batch, result in finished:
@@ -222,12 +215,12 @@ def _generate(
                 temperature=pl.lit(settings.temperature),
                 max_tokens=pl.lit(settings.max_tokens),
             )
-            written += write_backstories(warehouse, ok)
+            written += store.store_backstories(warehouse, ok)
         bar.advance(rows.height)
 
     pool = WorkerPool(spec, actors)
     try:
-        pool.run(batches, store, method="complete")
+        pool.run(batches, commit, method="complete")
     finally:
         pool.shutdown()
         bar.finish()

@@ -11,6 +11,7 @@ crash and Ray retries their shard.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,18 @@ from tasks.pool import check_resources, pool_for, pool_size, run_pools
 from tasks.retries import ON_TRANSIENT_ERRORS
 from tasks.store import Warehouse, commit_shards, stored_round
 
-__all__ = ["answer_ahead", "play_round"]
+__all__ = ["PlayedRound", "answer_ahead", "play_round"]
+
+
+@dataclass(frozen=True)
+class PlayedRound:
+    """What ``play_round`` did: the population's agents, the shards it played (those with an
+    agent not stored yet), the guesses it wrote, and its wall time."""
+
+    agents: int
+    shards: int
+    written: int
+    elapsed_s: float
 
 
 @task(name="play", cache_policy=NONE, retries=3, task_run_name="play-{arm.run_id}-round-{round_}", **ON_TRANSIENT_ERRORS)
@@ -42,13 +54,13 @@ def play_round(
     warehouse: Warehouse,
     actors: int,
     shard_size: int,
-) -> dict[str, Any]:
+) -> PlayedRound:
     """Play one round of one arm: every agent whose guess is not stored yet.
 
     Shards are numbered by position in the population (agent index // shard_size), so a
     resumed round re-plays only shards with missing agents and skips stored rows. Shards
     are committed as they finish (``tasks.store.commit_shards``), those that finish
-    together in one transaction. Returns counts: agents, shards played, rows written, seconds.
+    together in one transaction.
     """
     start = time.perf_counter()
     n = personas.height
@@ -77,7 +89,7 @@ def play_round(
         check_resources([specs[c] for c in used], [actor_counts[c] for c in used])
         run_pools([(pool_for(specs[c], actor_counts[c]), [j for k, j in jobs if k == c]) for c in used], commit)
     bar.finish()
-    return {"agents": n, "shards": len(jobs), "written": written, "seconds": time.perf_counter() - start}
+    return PlayedRound(n, len(jobs), written, time.perf_counter() - start)
 
 
 #: Round 1's distinct prompts answered ahead of its shards, at most: more would hold up the

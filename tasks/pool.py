@@ -26,6 +26,7 @@ from engines import EngineSpec
 from engines.mixture import MixtureSpec
 from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
 from tasks.limits import ensure_shared
+from tasks.ray_internals import monitor_processes, sigterm_handler_kept
 from tasks.timings import mark
 
 __all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "pool_size", "run_pools", "shutdown_pools", "stop_ray", "warm_pool"]
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 IN_FLIGHT_PER_ACTOR = 2
 
 
+#: What ``ensure_ray`` learned when it connected (address, dashboard URL): kept per process because
+#: Ray's connection is per process (``ray.init`` once, ``ray.is_initialized`` after) and says neither.
 _RAY: dict[str, Any] = {}
 
 #: The address a local Ray's node has, and so every server of it listens on: this machine only.
@@ -58,19 +61,15 @@ def _signals_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    import ray._private.utils as ray_utils
-
     held = (signal.SIGINT, signal.SIGTERM)
     callers = {signum: signal.getsignal(signum) for signum in held}
     noted: list[int] = []
-    install = ray_utils.set_sigterm_handler
-    ray_utils.set_sigterm_handler = lambda handler: None  # ray.init's own: keep ours while it runs
     for signum in held:
         signal.signal(signum, lambda signum, frame: noted.append(signum))
     try:
-        yield
+        with sigterm_handler_kept():  # ray.init's own: keep ours while it runs
+            yield
     finally:
-        ray_utils.set_sigterm_handler = install
         for signum, handler in callers.items():
             signal.signal(signum, handler)
         for signum in dict.fromkeys(noted):  # delivered again, now that the caller's handlers are back
@@ -123,16 +122,8 @@ def stop_ray() -> None:
     """
     if not ray.is_initialized():
         return
-    try:  # Ray's record of the processes it started (none when it joined a cluster)
-        from ray._private import ray_constants
-        from ray._private.worker import _global_node
-
-        monitors = _global_node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []) if _global_node else []
-    except (ImportError, AttributeError):  # another Ray's internals: its own shutdown, as it is
-        monitors = []
-    for info in monitors:
-        process = getattr(info, "process", None)
-        if process is not None and process.poll() is None:
+    for process in monitor_processes():  # none when it joined a cluster
+        if process.poll() is None:
             process.kill()
             with suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
@@ -221,6 +212,8 @@ def run_pools(
         on_done(finished)
 
 
+#: The driver's pools by engine and size, kept across rounds and arms until ``shutdown_pools``: a
+#: pool's actors belong to this driver process (they die with it), so the process owns the pools.
 _POOLS: dict[str, WorkerPool] = {}
 
 

@@ -17,8 +17,8 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
 from reports.urls import page_url, report_base_url
+from tasks import store
 from tasks.artifacts import artifact_key, safely
-from warehouse.store import Warehouse
 
 
 def rounds_markdown(rounds: pl.DataFrame, experiment: str, report: Path | None = None, live_url: str | None = None) -> str:
@@ -66,10 +66,10 @@ def report_stage(db: str, experiment_id: str, out: str) -> str:
     summary, and without a report server the page's path; return the file path."""
     from reports.export import write_reports  # Panel loads in seconds: only when a report is built
 
-    warehouse = Warehouse(db)
-    with warehouse.held():  # the page's two dozen queries on one connection: the run writes nothing meanwhile
+    warehouse = store.open_warehouse(db)
+    with store.held(warehouse):  # the page's two dozen queries on one connection: the run writes nothing meanwhile
         path = write_reports(db, page_file(out, experiment_id), experiment_id)[0]
-        rounds = warehouse.round_summary(experiment_id)
+        rounds = store.round_summary(warehouse, experiment_id)
     key = artifact_key(experiment_id)
     base = report_base_url()
     live = page_url(base, experiment_id) if base else None

@@ -1,14 +1,25 @@
-"""Stage 4, store: every write of an experiment to its warehouse, and what the flow reads back.
+"""Stage 4, store: every read and write the stages and the flow make of the warehouse.
 
-The experiment's and its arms' rows and statuses open and close a run; play hands each
-batch of finished shards to ``commit_shards`` (one transaction, keyed so a re-played shard
-writes nothing twice); once every agent's guess is stored the round's outcome and winners
-are committed in one transaction, exactly once, and ``store_analyses`` then adds the τ fits
-and paired tests that round completes (so they are in the warehouse as soon as the round
-is, report or not). Before a round, ``stored_round`` hands play
-what is stored already (agents done, own guesses, history). The flow holds the warehouse only
-as the handle ``open_warehouse`` returns and passes it on: it calls no warehouse method itself,
-and neither does play.
+The experiment's and its arms' rows and statuses open and close a run; the personas stage
+stores and reads back the population and the backstory cache; play hands each batch of
+finished shards to ``commit_shards`` (one transaction, keyed so a re-played shard writes
+nothing twice); once every agent's guess is stored the round's outcome and winners are
+committed in one transaction, exactly once, and ``store_analyses`` then adds the τ fits and
+paired tests that round completes (so they are in the warehouse as soon as the round is,
+report or not). Before a round, ``stored_round`` hands play what is stored already (agents
+done, own guesses, history); after it, ``workers`` tells the Prefect UI who played it, and
+the report stage reads ``round_summary``.
+
+This is the only module of ``tasks/`` and ``flows/`` that imports ``warehouse`` (but for the
+two error classes the retry rule names, ``tasks/retries.py``) or touches the handle
+``open_warehouse`` returns; the others hold that handle (typed ``Warehouse``) and pass it here
+(tests/test_layering.py). The report page itself is ``reports/``'s, which reads the file on its
+own, as ``keynes report`` does. Where the stage adds something a
+function does it: the rows it builds (``run_row``, ``commit_shards``' records), what it reads
+together (``stored_round``, ``personas_identity``), its rules (``close_statuses``, the
+complete round ``load_round`` insists on). The rest forward one call to ``warehouse.store``,
+and stay: they are the boundary itself, one place that lists every fact a stage reads or
+writes, with the SQL one module further down.
 """
 
 from __future__ import annotations
@@ -16,9 +27,11 @@ from __future__ import annotations
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import polars as pl
 from prefect import task
@@ -26,13 +39,18 @@ from prefect.cache_policies import NONE
 
 from core.game import RoundOutcome
 from design.arms import Arm
+from engines import Prompting
 from tasks.actor import ShardJob, ShardResult
 from tasks.retries import ON_TRANSIENT_ERRORS
-from warehouse.store import Warehouse
+from warehouse.backstories import read_backstories, write_backstories
+from warehouse.store import RunRow, ShardRecord, Warehouse, WarehouseError
 
 __all__ = [
-    "StoredRound", "Warehouse", "begin_experiment", "begin_runs", "close_statuses", "commit_shards", "finish_experiment",
-    "finish_run", "finished_rounds", "held", "load_round", "mark_interrupted", "open_warehouse", "run_row", "store_analyses", "store_groups", "store_outcome", "stored_round",
+    "AnalysesStored", "RunRow", "StoredRound", "Warehouse", "WarehouseError", "WorkerLoad", "begin_experiment", "begin_runs",
+    "cached_backstories", "close_statuses", "commit_shards", "finish_experiment", "finish_run", "finished_rounds", "held",
+    "load_round", "mark_interrupted", "open_warehouse", "personas_identity", "read_personas", "round_summary", "run_row",
+    "store_analyses", "store_backstories", "store_groups", "store_outcome", "store_personas", "stored_personas", "stored_round",
+    "workers",
 ]
 
 
@@ -48,35 +66,35 @@ def held(warehouse: Warehouse) -> AbstractContextManager[None]:
 
 
 def finished_rounds(warehouse: Warehouse, run_ids: list[str], read_only: bool = False) -> dict[str, set[int]]:
-    """The rounds whose outcome is stored, per run."""
-    return warehouse.finished_rounds(run_ids, read_only=read_only)
+    """The rounds whose outcome is stored, for each of ``run_ids`` (an empty set: none yet)."""
+    return {run_id: set() for run_id in run_ids} | warehouse.finished_rounds(run_ids, read_only=read_only)
 
 
-def run_row(experiment_id: str, arm: Arm, prompting: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``runs`` row of an arm (``prompting``: its engine's resolved prompt format)."""
+def run_row(experiment_id: str, arm: Arm, prompting: Prompting | None = None) -> RunRow:
+    """The ``runs`` row of an arm (``prompting``: its engine's resolved prompt format, resolved
+    here when not given)."""
     rule = arm.rule
-    return {
-        "run_id": arm.run_id,
-        "experiment_id": experiment_id,
-        "arm": arm.index,
-        "engine": arm.engine.kind,
-        "model": arm.engine.model_name,
-        "prompt_mode": arm.prompt_mode,
-        "temperature": arm.temperature,
-        "ratio": rule.ratio,
-        "ratio_value": float(rule.fraction),
-        "offset": rule.offset,
-        "low": rule.low,
-        "high": rule.high,
-        "answers": rule.answers,
-        "tolerance": rule.tolerance,
-        "rounds": rule.rounds,
-        "equilibrium": rule.equilibrium,
-        "spec": arm.engine.model_dump(mode="json"),
-        "prompting": prompting if prompting is not None else arm.engine.prompting(),
-        "sampling": arm.sampling.model_dump(mode="json"),
-        "status": "running",
-    }
+    return RunRow(
+        run_id=arm.run_id,
+        experiment_id=experiment_id,
+        arm=arm.index,
+        engine=arm.engine.kind,
+        model=arm.engine.model_name,
+        prompt_mode=arm.prompt_mode,
+        temperature=arm.temperature,
+        ratio=rule.ratio,
+        ratio_value=float(rule.fraction),
+        offset=rule.offset,
+        low=rule.low,
+        high=rule.high,
+        answers=rule.answers,
+        tolerance=rule.tolerance,
+        rounds=rule.rounds,
+        equilibrium=rule.equilibrium,
+        spec=arm.engine.model_dump(mode="json"),
+        prompting=(prompting if prompting is not None else arm.engine.prompting()).as_json(),
+        sampling=arm.sampling.model_dump(mode="json"),
+    )
 
 
 def begin_experiment(
@@ -86,7 +104,7 @@ def begin_experiment(
     warehouse.begin_experiment(experiment_id, name, config, config_hash, seed, population)
 
 
-def begin_runs(warehouse: Warehouse, runs: list[dict[str, Any]]) -> None:
+def begin_runs(warehouse: Warehouse, runs: list[RunRow]) -> None:
     """Record each arm's ``runs`` row (status ``running``), as ``run_row`` makes them."""
     with warehouse.held():
         for run in runs:
@@ -156,11 +174,11 @@ def commit_shards(warehouse: Warehouse, finished: list[tuple[ShardJob, ShardResu
         The number of guesses written (rows already stored are skipped).
     """
     return warehouse.write_shards([
-        (result.guesses,
-         {"run_id": job.arm.run_id, "round": job.round, "shard": job.shard, "n": job.agents.height,
-          "node": result.node, "worker": result.worker, "seconds": result.seconds,
-          "limit_wait_s": result.limit_wait_s, "distributions": result.distributions,
-          "tokens_evaluated": result.tokens_evaluated, "tokens_bound": result.tokens_bound})
+        ShardRecord(
+            result.guesses, job.arm.run_id, job.round, job.shard, job.agents.height, result.node, result.worker, result.seconds,
+            limit_wait_s=result.limit_wait_s, tokens_evaluated=result.tokens_evaluated, tokens_bound=result.tokens_bound,
+            distributions=result.distributions,
+        )
         for job, result in finished
     ])
 
@@ -184,16 +202,86 @@ def store_outcome(
     return warehouse.write_outcome(run_id, round_, outcome, seconds, groups)
 
 
-@task(name="analyses", cache_policy=NONE, retries=3, task_run_name="analyses-{run_id}-round-{round_}", **ON_TRANSIENT_ERRORS)
-def store_analyses(warehouse: Warehouse, experiment_id: str, run_id: str, round_: int) -> dict[str, Any]:
-    """After ``run_id``'s round ``round_`` is committed: store the τ fits and paired tests of the
-    experiment that are missing (this round's, and the pairs it completes; ``warehouse.analyses``).
+@dataclass(frozen=True)
+class AnalysesStored:
+    """What ``store_analyses`` added: rows of ``tau_fits`` and ``paired_tests``, and how long it took."""
 
-    Returns:
-        Rows written (``tau_fits``, ``paired_tests``) and ``seconds``.
-    """
+    tau_fits: int
+    paired_tests: int
+    elapsed_s: float
+
+
+@task(name="analyses", cache_policy=NONE, retries=3, task_run_name="analyses-{run_id}-round-{round_}", **ON_TRANSIENT_ERRORS)
+def store_analyses(warehouse: Warehouse, experiment_id: str, run_id: str, round_: int) -> AnalysesStored:
+    """After ``run_id``'s round ``round_`` is committed: store the τ fits and paired tests of the
+    experiment that are missing (this round's, and the pairs it completes; ``warehouse.analyses``)."""
     from warehouse.analyses import refresh  # scipy: only once a round is stored
 
     start = time.perf_counter()
     written = refresh(warehouse, [experiment_id])
-    return {**written, "seconds": time.perf_counter() - start}
+    return AnalysesStored(written["tau_fits"], written["paired_tests"], time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------------------ personas
+def personas_identity(warehouse: Warehouse, experiment_id: str) -> str | None:
+    """What ties a stored population to its file: the file's resolved path and the experiment's
+    first ``created_at`` (a deleted or replaced file gets another). None when the experiment is
+    not recorded yet or the file cannot be read now."""
+    try:
+        created = warehouse.experiment_created_at(experiment_id)
+    except (WarehouseError, duckdb.Error):
+        return None
+    return None if created is None else f"{warehouse.path.resolve()}|{created.isoformat()}"
+
+
+def stored_personas(warehouse: Warehouse, experiment_id: str) -> int:
+    """How many personas of the experiment are stored (0 for a new file)."""
+    return warehouse.count_personas(experiment_id)
+
+
+def store_personas(warehouse: Warehouse, experiment_id: str, personas: pl.DataFrame) -> int:
+    """Store the experiment's personas once (validated); the rows written (0: stored already)."""
+    return warehouse.write_personas(experiment_id, personas)
+
+
+def read_personas(warehouse: Warehouse, experiment_id: str) -> pl.DataFrame:
+    """The experiment's stored personas, by agent id."""
+    return warehouse.read_personas(experiment_id)
+
+
+def cached_backstories(warehouse: Warehouse, keys: pl.Series) -> pl.DataFrame:
+    """The backstory cache's entries for these keys: ``key``, ``background`` (missing keys absent)."""
+    return read_backstories(warehouse, keys)
+
+
+def store_backstories(warehouse: Warehouse, rows: pl.DataFrame) -> int:
+    """Add generated backstories to the cache (validated; stored keys skipped); the rows written."""
+    return write_backstories(warehouse, rows)
+
+
+# ------------------------------------------------------------------------------ what the UI and the report read
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A Ray worker's share of an experiment's shards: where it ran, its engine's model, shards and
+    agents committed, and agents a second while busy (None: no busy time recorded)."""
+
+    node: str
+    worker: str
+    engine: str
+    shards: int
+    agents: int
+    agents_per_s: float | None
+
+
+def workers(warehouse: Warehouse, experiment_id: str, since: datetime) -> list[WorkerLoad]:
+    """The workers that committed shards of the experiment since ``since``, by node and worker."""
+    frame = warehouse.worker_summary(experiment_id, since)
+    return [
+        WorkerLoad(r["node"], r["worker"], r["engine"], int(r["shards"]), int(r["agents"]), r["agents_per_s"])
+        for r in frame.iter_rows(named=True)
+    ]
+
+
+def round_summary(warehouse: Warehouse, experiment_id: str) -> pl.DataFrame:
+    """The experiment's ``round_summary`` view, by arm and round."""
+    return warehouse.round_summary(experiment_id)

@@ -31,8 +31,12 @@ os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from flows.experiment import ExperimentSummary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,7 +92,7 @@ QUICKSTART_OVERRIDES = [f"population.size={QUICKSTART_AGENTS}", f"game.rounds={Q
 
 
 @pytest.fixture(scope="session")
-def quickstart(tmp_path_factory, prefect_api, local_ray) -> tuple[Path, dict]:
+def quickstart(tmp_path_factory, prefect_api, local_ray) -> tuple[Path, ExperimentSummary]:
     """The quickstart played once for the session through the real flow (real Gemma, real
     Prefect API, real Ray) into its own DuckDB file, with its report page: (path, summary).
     Tests read it; none writes to it."""

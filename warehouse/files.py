@@ -48,7 +48,9 @@ class DiskFullError(WarehouseError):
 #: How DuckDB reports a full file system (it names the file it could not write).
 _DISK_FULL = "No space left on device"
 
-#: The files ``WarehouseFile.held`` keeps open in this process: path → connection.
+#: The files ``WarehouseFile.held`` keeps open in this process: path → connection. Per process, not
+#: per handle: the flow, a stage and the report make their own handles on one file, and a block held
+#: through one of them (the report stage's) serves all of them on one connection.
 _HELD: dict[str, duckdb.DuckDBPyConnection] = {}
 _HELD_LOCK = threading.Lock()
 

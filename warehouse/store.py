@@ -7,6 +7,7 @@ round twice changes nothing. Connections and migrations live in ``warehouse.file
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -17,10 +18,56 @@ from core.game import HISTORY_FIELDS
 from warehouse.files import WarehouseError, WarehouseFile, frame_of
 from warehouse.views import ensure_views
 
-__all__ = ["Warehouse", "WarehouseError"]
+__all__ = ["RunRow", "ShardRecord", "Warehouse", "WarehouseError"]
 
 # The row models (warehouse.validation) are imported where rows are validated, not with this
 # module: pandera brings pandas (~0.6 s), and `keynes run` checks its warehouse before its first line.
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """A ``runs`` row: one arm of an experiment, as ``begin_run`` records it (the table's columns,
+    in its order; ``spec``, ``prompting`` and ``sampling`` are stored as JSON)."""
+
+    run_id: str
+    experiment_id: str
+    arm: int
+    engine: str
+    model: str
+    prompt_mode: str
+    temperature: float
+    ratio: str
+    ratio_value: float
+    offset: float
+    low: float
+    high: float
+    answers: str
+    tolerance: float
+    rounds: int
+    equilibrium: float | None
+    spec: dict[str, Any]
+    prompting: dict[str, Any] | None = None
+    sampling: dict[str, Any] | None = None
+    status: str = "running"
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """A finished shard as ``write_shards`` commits it: its guesses, its ``shards`` row (where and
+    how fast it was played) and, with shared-context answers, its ``answer_distributions`` rows."""
+
+    guesses: pl.DataFrame
+    run_id: str
+    round: int
+    shard: int
+    n: int
+    node: str
+    worker: str
+    seconds: float
+    limit_wait_s: float = 0.0
+    tokens_evaluated: int | None = None
+    tokens_bound: int | None = None
+    distributions: pl.DataFrame | None = None
 
 
 class Warehouse(WarehouseFile):
@@ -49,15 +96,15 @@ class Warehouse(WarehouseFile):
                 "UPDATE experiments SET status = ?, finished_at = now() WHERE experiment_id = ?", [status, experiment_id]
             )
 
-    def begin_run(self, run: dict[str, Any]) -> None:
+    def begin_run(self, run: RunRow) -> None:
         """Record a run (one arm of an experiment) once; a rerun marks it running again."""
-        columns = list(run)
-        quoted = ", ".join(f'"{c}"' for c in columns)
+        values = asdict(run)
+        quoted = ", ".join(f'"{f.name}"' for f in fields(run))
         with self.transaction() as con:
             con.execute(
-                f"INSERT INTO runs ({quoted}) VALUES ({', '.join('?' * len(columns))}) "
+                f"INSERT INTO runs ({quoted}) VALUES ({', '.join('?' * len(values))}) "
                 "ON CONFLICT (run_id) DO UPDATE SET status = 'running', finished_at = NULL",
-                [json.dumps(v) if isinstance(v, dict) else v for v in run.values()],
+                [json.dumps(v) if isinstance(v, dict) else v for v in values.values()],
             )
 
     def finish_run(self, run_id: str, status: str = "completed") -> None:
@@ -153,7 +200,7 @@ class Warehouse(WarehouseFile):
             sql = "SELECT agent_id FROM guesses WHERE run_id = ? AND round = ?"
             return frame_of(con, sql, [run_id, round_])["agent_id"].to_numpy()
 
-    def write_shards(self, shards: list[tuple[pl.DataFrame, dict[str, Any]]]) -> int:
+    def write_shards(self, shards: list[ShardRecord]) -> int:
         """Commit shards of one round — their guesses and ``shards`` rows — in one transaction.
 
         Rows already stored for (run, round, agent) are skipped, so a re-dispatched
@@ -170,11 +217,12 @@ class Warehouse(WarehouseFile):
         # Guesses from per-agent engines may leave out the shared-context columns: not shared.
         defaults = {"shared_prompt": pl.lit(False), "context": pl.lit(None, pl.String)}
         frame = pl.concat(
-            [g.with_columns(**{c: v for c, v in defaults.items() if c not in g.columns}).select(columns) for g, _ in shards],
+            [s.guesses.with_columns(**{c: v for c, v in defaults.items() if c not in s.guesses.columns}).select(columns)
+             for s in shards],
             how="vertical_relaxed",
         )
         frame = GuessRows.validate(frame, lazy=True)
-        keys = {(s["run_id"], s["round"]) for _, s in shards}
+        keys = {(s.run_id, s.round) for s in shards}
         (run_id, round_) = min(keys)
         if len(keys) > 1 or frame.filter((pl.col("run_id") != run_id) | (pl.col("round") != round_)).height:
             raise ValueError(f"write_shards: one call commits shards of one run and round, got {sorted(keys)}")
@@ -195,11 +243,10 @@ class Warehouse(WarehouseFile):
             con.executemany(
                 """INSERT INTO shards (run_id, round, shard, n, node, worker, seconds, limit_wait_s, tokens_evaluated, tokens_bound)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING""",
-                [[s["run_id"], s["round"], s["shard"], s["n"], s["node"], s["worker"], s["seconds"], s.get("limit_wait_s", 0.0),
-                  s.get("tokens_evaluated"), s.get("tokens_bound")]
-                 for _, s in shards],
+                [[s.run_id, s.round, s.shard, s.n, s.node, s.worker, s.seconds, s.limit_wait_s, s.tokens_evaluated, s.tokens_bound]
+                 for s in shards],
             )
-            dists = [s["distributions"] for _, s in shards if s.get("distributions") is not None]
+            dists = [s.distributions for s in shards if s.distributions is not None]
             if dists:  # shared-context answers: their exact distributions, with the guesses they drew
                 con.register("new_distributions", pl.concat(dists, how="vertical_relaxed").to_arrow())
                 con.execute(

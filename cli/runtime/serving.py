@@ -13,13 +13,13 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 from prefect.deployments.runner import RunnerDeployment
 
 from cli.runtime.processes import kill, running
 from flows.failures import mark_interrupted
+from flows.prefect_internals import end_loops
 
 #: Seconds the flow runs in progress get to end by themselves once ``keynes serve`` is stopped.
 #: A Ctrl-C reaches them too (the terminal signals the whole process group): each marks its
@@ -86,7 +86,7 @@ def serve(deployments: list[RunnerDeployment], limit: int | None = None) -> list
             if serving.done():
                 serving.result()  # the runner ended by itself: raise what ended it
                 return []
-        loop.call_soon_threadsafe(_end_loops, runner)  # no new runs from now on
+        loop.call_soon_threadsafe(end_loops, runner)  # no new runs from now on
         deadline = time.monotonic() + RUNS_GRACE_S
         runs = flow_run_processes()
         interrupted = [r for flow_run_id, procs in runs.items() if (r := _interrupted(flow_run_id, procs, deadline))]
@@ -98,17 +98,6 @@ def serve(deployments: list[RunnerDeployment], limit: int | None = None) -> list
     finally:
         for signum, handler in held.items():
             signal.signal(signum, handler)
-
-
-def _end_loops(runner: Any) -> None:
-    """End the runner's polling loops, so that ``runner.start()`` returns once its runs have
-    ended. This is ``Runner.astop`` without its ``cancel_all``, which would force Cancelled
-    ("Runner is shutting down") over the state an interrupted run ended in."""
-    runner.stopping = True
-    if getattr(runner, "_scheduled_run_poller", None) is not None:
-        runner._scheduled_run_poller.stopping = True
-    if getattr(runner, "_loops_task_group", None) is not None:
-        runner._loops_task_group.cancel_scope.cancel()
 
 
 def flow_run_processes() -> dict[str, list[psutil.Process]]:

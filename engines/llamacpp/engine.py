@@ -21,7 +21,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 from pydantic import Field, field_validator
 
-from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, register, two_phases
+from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Prompting, Request, RequestBatch, register, two_phases
 from engines.llamacpp.batch import SLOTS, Sequences, Then
 from engines.llamacpp.internals import fixed_seed, quiet, silenced, token_text
 from engines.llamacpp.shared_context import LlamaCppSharedContext, prompt_tokens
@@ -73,7 +73,7 @@ class LlamaCppSpec(EngineSpec):
     def model_name(self) -> str:
         return self.model if self.model in MODELS else Path(self.model).name
 
-    def prompting(self) -> dict[str, Any]:
+    def prompting(self) -> Prompting:
         """The prompt format and chat template digest (see ``EngineSpec.prompting``); a bundled
         model is known without its file, a GGUF path is read (its metadata only)."""
         if self.model in MODELS:
@@ -82,7 +82,7 @@ class LlamaCppSpec(EngineSpec):
             template = read_chat_template(gguf_path(self.model))
             digest = template.sha256 if template else None
         fmt = prompt_format(self.model, self.prompt_format, digest is not None)
-        return {"format": fmt, "chat_template_sha256": digest if fmt == "chat" else None}
+        return Prompting(fmt, digest if fmt == "chat" else None)
 
     def check_context(self, prompts: Sequence[str], reserve: int, mode: str) -> None:
         """``EngineSpec.check_context``, without the tokenizer when the prompts' bytes settle it.
@@ -93,7 +93,7 @@ class LlamaCppSpec(EngineSpec):
         fit, the prompts fit, and loading the vocabulary (0.4 s for Gemma's 262,144 tokens) is
         left out; otherwise they are counted exactly.
         """
-        if self.model in MODELS and self.prompting()["format"] == "completion":
+        if self.model in MODELS and self.prompting().format == "completion":
             most = max((len(p.encode()) for p in prompts), default=0) + _UNTEXTUAL_TOKENS
             if most + reserve <= self.n_ctx:
                 return
@@ -115,6 +115,8 @@ class LlamaCppSpec(EngineSpec):
         return "n_ctx", self.n_ctx
 
 
+#: Vocabulary-only models, by file, loaded for counting tokens before a run: a spec is a frozen
+#: config with no lifetime of its own, so the process keeps them (closed at exit, ``_vocabulary``).
 _VOCABULARIES: dict[str, Any] = {}
 
 

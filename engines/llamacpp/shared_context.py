@@ -36,6 +36,8 @@ from engines.shared_context.board import Claims
 #: decodes one at a time, while 4 or more are not (llama.cpp's repacked Q4_K kernels take over), so two.
 STREAMS = 2
 
+#: Per process, by model file: read by every engine built in the process on that file (each
+#: actor's, a second context's) and changed by none, so no engine's lifetime should bound them.
 _VOCABS: dict[str, AnswerVocab] = {}
 _HEADS: dict[str, OutputHead | None] = {}
 #: What a vocabulary cache file holds (``vocab_cache_path``); a new layout gets a new number.

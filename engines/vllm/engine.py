@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from engines import CompletionBatch, EngineBase, EngineSpec, RequestBatch, register
+from engines import CompletionBatch, EngineBase, EngineSpec, Prompting, RequestBatch, register
 from engines.models import prompt_format
 from engines.shared_context import Chain, applies
 from prompts.chat import ChatTemplate, PromptFormat
@@ -84,7 +84,7 @@ class VllmSpec(EngineSpec):
             return os.path.basename(os.path.normpath(self.model))
         return self.model
 
-    def prompting(self) -> dict[str, Any]:
+    def prompting(self) -> Prompting:
         """The prompt format and chat template digest (see ``EngineSpec.prompting``): a bundled
         model's are known, a local folder's tokenizer config is read; for a hub id the
         tokenizer decides when it loads (format: auto unless declared)."""
@@ -95,11 +95,11 @@ class VllmSpec(EngineSpec):
         else:
             folder = Path(self.model).expanduser()
             if not folder.is_dir():
-                return {"format": self.prompt_format or "auto", "chat_template_sha256": None}
+                return Prompting(self.prompt_format or "auto")
             template = folder_chat_template(folder)
             digest = hashlib.sha256(template.encode()).hexdigest() if template else None
         fmt = prompt_format(self.model, self.prompt_format, digest is not None)
-        return {"format": fmt, "chat_template_sha256": digest if fmt == "chat" else None}
+        return Prompting(fmt, digest if fmt == "chat" else None)
 
     def llm_kwargs(self, model_path: str) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments this spec stands for."""

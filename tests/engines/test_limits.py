@@ -70,7 +70,7 @@ def test_requests_per_minute_holds_across_two_actors(llama_server, tmp_path, pre
         db = tmp_path / "limited.duckdb"
         summary = experiment(config, db=str(db))
         times = sorted(e.at for e in proxy.events if e.path.endswith("completions"))
-    assert summary["rows_written"] == n and len(times) == n
+    assert summary.rows_written == n and len(times) == n
     with duckdb.connect(str(db), read_only=True) as con:
         workers = con.execute("select count(distinct worker), sum(limit_wait_s) from shards").fetchall()[0]
         valid = con.execute("select count(*) filter (valid) from guesses").fetchall()[0][0]

@@ -147,7 +147,7 @@ def test_real_gemma_agents_play_the_quickstart_basic_and_chain_of_thought(quicks
     """The session's quickstart run (10 agents × 2 rounds × basic and cot, 2 actors, shards of 5)."""
     guesses = QUICKSTART_AGENTS * QUICKSTART_ROUNDS  # per arm
     db, summary = quickstart
-    assert summary["rows_written"] == guesses * 2
+    assert summary.rows_written == guesses * 2
     assert q(db, "select count(*) from guesses where not valid") == [(0,)]
     assert q(db, "select count(*) from guesses where guess < 0 or guess > 100 or guess != round(guess)") == [(0,)]
     assert q(db, "select distinct engine, model from guesses") == [("llamacpp", "gemma-3-270m")]

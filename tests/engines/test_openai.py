@@ -191,7 +191,7 @@ def test_a_round_survives_the_server_being_killed_and_restarted(gguf, tmp_path, 
         rows = con.execute("select count(*), count(distinct agent_id), count(*) filter (valid), max(attempts), "
                            "count(*) filter (error is not null) from guesses").fetchall()
         guesses = [r[0] for r in con.execute("select guess from guesses").fetchall()]
-    assert summary["rows_written"] == n
+    assert summary.rows_written == n
     assert rows[0][:3] == (n, n, n) and rows[0][4] == 0  # none lost, none duplicated, all valid
     assert rows[0][3] > 1  # some requests were retried through the outage
     assert all(0 <= g <= 100 and g == round(g) for g in guesses)

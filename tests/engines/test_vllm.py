@@ -197,7 +197,7 @@ def round_db(tmp_path_factory, prefect_api, local_ray, model_dir):
 
 def test_a_real_round_on_vllm_cpu_stores_every_answer_valid(round_db):
     path, summary = round_db
-    assert summary["rows_written"] == 2 * AGENTS and summary["rounds_played"] == 2
+    assert summary.rows_written == 2 * AGENTS and summary.rounds_played == 2
     assert q(path, "select distinct engine, model from guesses") == [("vllm", "gemma-3-270m")]
     assert q(path, "select count(*), count(*) filter (where valid) from guesses") == [(2 * AGENTS, 2 * AGENTS)]
     assert q(path, "select count(*) from guesses where guess < 0 or guess > 100 or guess != round(guess) or error is not null") == [(0,)]

@@ -40,6 +40,7 @@ def rendered(template: str, n: int = 4) -> list[str]:
 
 
 def test_the_prepared_folder_keeps_the_ggufs_chat_template(engine):
+    from engines import Prompting
     from engines.models import MODELS
     from engines.vllm.convert import prepared_path
     from engines.vllm.engine import folder_chat_template
@@ -48,7 +49,7 @@ def test_the_prepared_folder_keeps_the_ggufs_chat_template(engine):
     assert engine.chat_template.sha256 == MODELS[SMOL].chat_template_sha256
     folder = prepared_path(SMOL)
     assert folder_chat_template(folder) == engine.chat_template.source
-    assert engine.spec.prompting() == {"format": "chat", "chat_template_sha256": MODELS[SMOL].chat_template_sha256}
+    assert engine.spec.prompting() == Prompting("chat", MODELS[SMOL].chat_template_sha256)
 
 
 def test_the_chat_prompt_is_the_tokenizers_own(engine):

@@ -34,7 +34,7 @@ def test_every_stored_round_has_its_tau_fits_without_a_report(played):
     assert q(path, "select count(*) from cognitive_hierarchy_fit where status <> 'computed'") == [(0,)]
     # per persona attribute value too (education), not only the whole arm
     assert q(path, "select count(distinct value) from cognitive_hierarchy_fit where attribute = 'education'")[0][0] >= 2
-    assert summary["analyses_s"] > 0
+    assert summary.analyses_s > 0
     assert not list((path.parent).glob("*.html")), "the report was disabled"
 
 

@@ -25,7 +25,7 @@ SLOW_MACHINE = {"RAY_agent_register_timeout_ms": "120000"}
 # local Ray, and a process joins one Ray only.
 SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import dataclasses, json, sys
     from ray.cluster_utils import Cluster
 
     db = sys.argv[1]
@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent(
             "report": {"enabled": False},
         }
         summary = experiment(config, overrides=[f"workers.ray_address={cluster.address}"], db=db)
-        print("SUMMARY " + json.dumps({"summary": summary, "address": cluster.address,
+        print("SUMMARY " + json.dumps({"summary": dataclasses.asdict(summary), "address": cluster.address,
                                         "nodes": [n.node_id for n in cluster.list_all_nodes()]}))
     finally:
         import ray

@@ -60,9 +60,9 @@ def test_each_run_advances_exactly_one_round_per_arm(serial_runs):
     _, _, runs = serial_runs
     for k, (state, summary, rounds, _) in enumerate(runs[:3], start=1):
         assert state.is_completed()
-        assert summary["rounds_played"] == 2 and summary["rows_written"] == 2 * 40
+        assert summary.rounds_played == 2 and summary.rows_written == 2 * 40
         assert rounds == [(arm, r) for arm in (0, 1) for r in range(1, k + 1)]
-        assert summary["complete"] is (k == 3)
+        assert summary.complete is (k == 3)
     assert [statuses for *_, statuses in runs[:3]] == [[("waiting",)] * 2, [("waiting",)] * 2, [("completed",)] * 2]
 
 
@@ -70,7 +70,7 @@ def test_after_the_last_round_runs_end_at_once_with_a_clear_message(serial_runs)
     path, _, runs = serial_runs
     state, summary, rounds, statuses = runs[3]
     assert state.is_completed()
-    assert summary["rounds_played"] == 0 and summary["complete"] is True
+    assert summary.rounds_played == 0 and summary.complete is True
     assert "is complete: all 3 round(s) of 2 arm(s)" in state.message and "nothing to play" in state.message
     assert rounds == runs[2][2] and statuses == [("completed",)] * 2
     assert q(path, "select count(*) from guesses") == [(3 * 2 * 40,)]
@@ -79,7 +79,7 @@ def test_after_the_last_round_runs_end_at_once_with_a_clear_message(serial_runs)
 def test_flow_run_names_say_which_round_is_next(serial_runs):
     _, _, runs = serial_runs
     names = [flow_run_name(state) for state, *_ in runs]
-    experiment_id = runs[0][1]["experiment_id"]
+    experiment_id = runs[0][1].experiment_id
     assert names[0] == f"{experiment_id}: 40 agents × 2 arm(s), round 1 of 3"
     assert names[2].endswith("round 3 of 3")
     assert names[3].endswith("all 3 round(s) done")
@@ -111,7 +111,7 @@ def test_each_run_shows_progress_round_outcomes_and_workers_in_the_ui(serial_run
     by_type: dict[str, list] = {}
     for artifact in artifacts:
         by_type.setdefault(artifact.type, []).append(artifact)
-    run_ids = [f"{summary['experiment_id']}-arm{i}" for i in (0, 1)]
+    run_ids = [f"{summary.experiment_id}-arm{i}" for i in (0, 1)]
     # one progress bar per arm of this round, finished
     progress = {a.key: a for a in by_type["progress"]}
     assert set(progress) == {f"progress-{r}-round-2" for r in run_ids}
@@ -124,7 +124,7 @@ def test_each_run_shows_progress_round_outcomes_and_workers_in_the_ui(serial_run
     assert f"| mean | {mean:.4g} |" in text and f"| target (2/3 × mean) | {target:.4g} |" in text
     assert f"| winners | {n_winners:,}: agents" in text and "invalid rate 0.0%" in text
     # the Ray workers of this run: shards of round 2 only (both arms), by node and worker
-    tables = [a for a in by_type["table"] if a.key == f"workers-{summary['experiment_id']}"]
+    tables = [a for a in by_type["table"] if a.key == f"workers-{summary.experiment_id}"]
     assert tables
     import json
 
@@ -149,6 +149,6 @@ def test_later_runs_take_the_personas_from_prefects_cache(serial_runs):
             )
             states += [r.state for r in task_runs if r.name.startswith("personas-")]
     assert [s.name for s in states] == ["Completed", "Cached", "Cached"]
-    experiment_id = runs[0][1]["experiment_id"]
+    experiment_id = runs[0][1].experiment_id
     assert states[1].result() == {"experiment_id": experiment_id, "agents": 40, "sampled": True}
     assert q(path, "select count(*), count(distinct agent_id) from personas") == [(40, 40)]

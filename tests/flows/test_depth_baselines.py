@@ -43,7 +43,7 @@ CONFIG = {
 def played(tmp_path_factory, prefect_api, local_ray):
     path = tmp_path_factory.mktemp("depth") / "depth.duckdb"
     summary = experiment(CONFIG, db=str(path))
-    assert summary["complete"] and summary["rows_written"] == 4 * N
+    assert summary.complete and summary.rows_written == 4 * N
     warehouse = Warehouse(path)
     stored = {table: warehouse.query(f"SELECT count(*) AS n FROM {table}")["n"][0] for table in ("tau_fits", "paired_tests")}
     return warehouse, stored, refresh(warehouse)

@@ -157,7 +157,7 @@ def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray, requ
     # The stand-ins keep the config's arms: every engine × prompt × temperature × game.
     assert len(arms) == len(load_config(source).arms_list())
     rounds = sum(a.rule.rounds for a in arms)
-    assert summary["rows_written"] == size * rounds
+    assert summary.rows_written == size * rounds
     assert q(db, "select count(*), count(distinct (run_id, round, agent_id)) from guesses") == [(size * rounds, size * rounds)]
     assert q(db, "select count(*) from runs where status = 'completed'") == [(len(arms),)]
     assert q(db, "select count(*) from rounds") == [(rounds,)]
@@ -204,7 +204,7 @@ def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray, requ
                           using (run_id, round, group_name)
                         where abs(o.target - least(greatest(r.ratio_value * x.mean + r."offset", r.low), r.high)) > 1e-9""") == [(0,)]
     if config in REPORTED or config == SESSION_RUN:
-        assert summary["report"] == str(db.with_name(f"{cfg.name}-report.html"))
-        assert REPORTED.get(config, cfg.name) in Path(summary["report"]).read_text(encoding="utf-8")
+        assert summary.report == str(db.with_name(f"{cfg.name}-report.html"))
+        assert REPORTED.get(config, cfg.name) in Path(summary.report).read_text(encoding="utf-8")
     else:
-        assert summary["report"] is None
+        assert summary.report is None

@@ -25,7 +25,7 @@ def warehouse(tmp_path_factory, prefect_api, local_ray):
     """One file, two experiments: the default history and the last round without own guesses."""
     path = tmp_path_factory.mktemp("history") / "history.duckdb"
     for history in (None, {"rounds": 1, "own_guesses": False}):
-        assert experiment(config(history), db=str(path))["rows_written"] == N * 3
+        assert experiment(config(history), db=str(path)).rows_written == N * 3
     return path
 
 
@@ -67,7 +67,7 @@ def test_without_own_guesses_agents_of_one_persona_share_a_context_on_llamacpp(t
     data["arms"]["engines"] = [{"kind": "llamacpp", "model": "smollm2-135m-instruct", "num_cpus": 0.5}]
     path = tmp_path / "shared.duckdb"
     try:
-        assert experiment(data, db=str(path))["rows_written"] == 20
+        assert experiment(data, db=str(path)).rows_written == 20
     finally:
         shutdown_pools()
     assert q(path, "select round, count(distinct context), count(*) filter (where shared_prompt) from guesses group by round order by round") == [

@@ -35,5 +35,5 @@ def test_a_rerun_with_nothing_to_play_stores_the_last_rounds_missing_analyses(tm
 
     summary = experiment(CONFIG, db=str(path))
 
-    assert summary["complete"] and summary["rounds_played"] == 0
+    assert summary.complete and summary.rounds_played == 0
     assert {table: q(path, sql) for table, sql in ANALYSES.items()} == stored

@@ -62,7 +62,7 @@ def runs(tmp_path_factory, prefect_api, local_ray):
         path = root / f"a{actors}-s{shard_size}.duckdb"
         summary = experiment(config(actors, shard_size), db=str(path))
         shutdown_pools()
-        assert summary["complete"] and summary["rows_written"] == 2 * 2 * N
+        assert summary.complete and summary.rows_written == 2 * 2 * N
         out[(actors, shard_size)] = path
     return out
 
@@ -196,7 +196,7 @@ def test_a_round_whose_actor_is_killed_mid_way_ends_with_the_rows_of_an_uninterr
     # Each shard committed once, with all of its agents: nothing lost, nothing doubled.
     assert sorted(s for batch, _, _, _ in warehouse.commits for s in batch) == list(range(shards))
     assert all(new == sent for _, new, sent, _ in warehouse.commits)
-    assert played["written"] == N and played["shards"] == shards
+    assert played.written == N and played.shards == shards
     assert q(path, "select count(*), sum(n) from shards where run_id = ? and round = 2", [arm.run_id]) == [(shards, N)]
     # Exactly the uninterrupted round: the same rows, and the same distribution for each group.
     rows = "select agent_id, raw, guess, valid, shared_prompt, prompt_tokens, completion_tokens, context from guesses where run_id = ? and round = 2 order by agent_id"

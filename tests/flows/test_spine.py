@@ -33,17 +33,17 @@ def spine_db(tmp_path_factory, prefect_api, local_ray):
     path = tmp_path_factory.mktemp("spine") / "spine.duckdb"
     with mock.patch.object(loading, "_parse", wraps=loading._parse) as parse:
         summary = experiment(CONFIG, db=str(path))
-    return path, summary | {"parses": parse.call_count}
+    return path, summary, parse.call_count
 
 
 def test_the_config_is_parsed_once_per_run(spine_db):
     """The flow run's name and the flow itself read the same config: validated once."""
-    assert spine_db[1]["parses"] == 1
+    assert spine_db[2] == 1
 
 
 def test_every_agent_guesses_every_round_of_every_arm(spine_db):
-    path, summary = spine_db
-    assert summary["rows_written"] == 250 * 3 * 2
+    path, summary, _ = spine_db
+    assert summary.rows_written == 250 * 3 * 2
     assert q(path, "select count(*) from guesses") == [(250 * 3 * 2,)]
     assert q(path, "select count(*) from (select distinct run_id, round, agent_id from guesses)") == [(1500,)]
     assert q(path, "select count(*), count(distinct arm) from runs") == [(2, 2)]
@@ -51,14 +51,14 @@ def test_every_agent_guesses_every_round_of_every_arm(spine_db):
 
 
 def test_shards_ran_on_several_actors(spine_db):
-    path, _ = spine_db
+    path, *_ = spine_db
     # 250 agents in shards of 40 → 7 shards per round and arm
     assert q(path, "select count(*) from shards") == [(7 * 3 * 2,)]
     assert q(path, "select count(distinct worker) from shards")[0][0] >= 2
 
 
 def test_targets_match_an_independent_sql_computation(spine_db):
-    path, _ = spine_db
+    path, *_ = spine_db
     rows = q(
         path,
         """select r.run_id, r.round, r.target, r.mean, g.mean, least(greatest(2/3 * g.mean + 0, 0), 100)
@@ -72,7 +72,7 @@ def test_targets_match_an_independent_sql_computation(spine_db):
 
 
 def test_winners_are_exactly_the_nearest_agents(spine_db):
-    path, _ = spine_db
+    path, *_ = spine_db
     mismatches = q(
         path,
         """with d as (select g.run_id, g.round, g.agent_id, abs(g.guess - r.target) as dist
@@ -90,21 +90,21 @@ def test_winners_are_exactly_the_nearest_agents(spine_db):
 
 
 def test_every_stored_guess_is_in_bounds_or_flagged(spine_db):
-    path, _ = spine_db
+    path, *_ = spine_db
     assert q(path, "select count(*) from guesses where valid and (guess < 0 or guess > 100 or guess != round(guess))") == [(0,)]
     assert q(path, "select count(*) from guesses where not valid and error is null") == [(0,)]
     assert q(path, "select distinct engine, model from guesses") == [("simulated", "simulated/uniform")]
 
 
 def test_chain_of_thought_rows_keep_their_reasoning(spine_db):
-    path, _ = spine_db
+    path, *_ = spine_db
     rows = q(path, "select r.prompt_mode, count(g.reasoning) from guesses g join runs r using (run_id) group by all order by 1")
     assert rows == [("basic", 0), ("cot", 750)]
 
 
 def test_arms_are_paired_same_seed_same_draws(spine_db):
     # The simulated uniform rule ignores the prompt: paired arms get identical draws.
-    path, _ = spine_db
+    path, *_ = spine_db
     assert q(
         path,
         """select count(*) from guesses a join guesses b using (round, agent_id)
@@ -114,10 +114,10 @@ def test_arms_are_paired_same_seed_same_draws(spine_db):
 
 
 def test_running_again_writes_nothing_new(spine_db, prefect_api, local_ray):
-    path, _ = spine_db
+    path, *_ = spine_db
     before = q(path, "select (select count(*) from guesses), (select count(*) from rounds), (select count(*) from winners), (select count(*) from personas)")
     summary = experiment(CONFIG, db=str(path))
-    assert summary["rows_written"] == 0 and summary["rounds_played"] == 0
+    assert summary.rows_written == 0 and summary.rounds_played == 0
     after = q(path, "select (select count(*) from guesses), (select count(*) from rounds), (select count(*) from winners), (select count(*) from personas)")
     assert after == before
 
@@ -136,7 +136,7 @@ def test_second_round_prompt_announces_the_previous_winner(spine_db):
     from prompts.render import format_number, render
     from warehouse.store import Warehouse
 
-    path, _ = spine_db
+    path, *_ = spine_db
     rule = GameRule(ratio="2/3", rounds=3)
     [(run_id, experiment_id)] = q(path, "select run_id, experiment_id from runs where prompt_mode = 'cot'")
     warehouse = Warehouse(path)

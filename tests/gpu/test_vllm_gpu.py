@@ -51,7 +51,7 @@ def gpu_db(tmp_path_factory, prefect_api, local_ray):
 
 def test_rounds_on_a_gpu_store_every_answer_valid(gpu_db):
     path, summary = gpu_db
-    assert summary["rows_written"] == N * 2 * 2
+    assert summary.rows_written == N * 2 * 2
     assert q(path, "select count(*) filter (where valid), count(*) from guesses") == [(N * 4, N * 4)]
     assert q(path, "select distinct engine, model from guesses") == [("vllm", "gemma-3-270m")]
     assert q(path, f"select count(*) from rounds where n_valid = {N}") == [(4,)]

@@ -37,7 +37,7 @@ class CountingWarehouse(Warehouse):
     def write_shards(self, shards):
         arrived = time.monotonic()  # when the driver got the shards' results
         new = super().write_shards(shards)
-        self.commits.append(([shard["shard"] for _, shard in shards], new, sum(g.height for g, _ in shards), arrived))
+        self.commits.append(([shard.shard for shard in shards], new, sum(shard.guesses.height for shard in shards), arrived))
         if self.after_commit is not None:
             self.after_commit(self)
         return new
@@ -93,7 +93,7 @@ def test_actor_killed_mid_round_loses_and_duplicates_nothing(how, db, local_ray,
     shards = [shard for batch, _, _, _ in warehouse.commits for shard in batch]
     assert sorted(shards) == list(range(N // SHARD))
     assert all(new == sent == SHARD * len(batch) for batch, new, sent, _ in warehouse.commits)
-    assert played["written"] == N and played["shards"] == N // SHARD
+    assert played.written == N and played.shards == N // SHARD
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("select count(*), count(distinct agent_id), count(*) filter (where valid) from guesses").fetchall()
         assert rows == [(N, N, N)]

@@ -45,7 +45,7 @@ def runs(tmp_path_factory, prefect_api, local_ray) -> tuple:
     if not os.path.exists(CHROMIUM):
         pytest.fail("Chromium is missing: apt-get install -y chromium")
     db = tmp_path_factory.mktemp("deployment") / "keynes.duckdb"
-    ids = [experiment({**RUN, "seed": seed}, db=str(db))["experiment_id"] for seed in (3, 4)]
+    ids = [experiment({**RUN, "seed": seed}, db=str(db)).experiment_id for seed in (3, 4)]
     assert ids[0] != ids[1] and all(e.startswith("quickstart-") for e in ids)
     assert q(db, "SELECT DISTINCT name FROM experiments") == [("quickstart",)]
     return db, ids

@@ -97,7 +97,7 @@ def test_the_pools_plot_renders_without_errors(page):
 @pytest.mark.llm  # the quickstart's agents are the real Gemma 3 270M
 def test_the_quickstart_report_shows_the_published_pools_beside_its_gemma_arms(quickstart):
     path, summary = quickstart
-    shown = rendered(summary["report"])
+    shown = rendered(summary.report)
     text, means = shown["text"], first_round_means(path)
     assert shown["load"].errors == []
     with duckdb.connect(str(path), read_only=True) as con:

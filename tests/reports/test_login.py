@@ -90,7 +90,7 @@ def shared(tmp_path_factory, prefect_api, local_ray):
     try:
         wait_for(lambda: server.poll() is not None or first_answer(base + "/")[0] != 0, 120, "the report server")
         assert server.poll() is None, server.stdout.read()
-        yield {"db": db, "base": base, "host": reach, "experiment_id": summary["experiment_id"], "server": server}
+        yield {"db": db, "base": base, "host": reach, "experiment_id": summary.experiment_id, "server": server}
     finally:
         server.terminate()
         out, _ = server.communicate(timeout=30)

@@ -31,11 +31,11 @@ def page(quickstart, tmp_path_factory):
     if not os.path.exists(CHROMIUM):
         pytest.fail("Chromium is missing: apt-get install -y chromium")
     _, summary = quickstart
-    html = open(summary["report"], encoding="utf-8").read()
+    html = open(summary.report, encoding="utf-8").read()
     figures = len(re.findall(r'"name":"Figure"', html))
     shot = tmp_path_factory.mktemp("shots") / "report.png"
     with Chromium() as browser:
-        load = browser.open("file://" + summary["report"], canvases=figures)
+        load = browser.open("file://" + summary.report, canvases=figures)
         plots = browser.canvases()
         text = browser.text()
         browser.screenshot(shot)
@@ -44,8 +44,8 @@ def page(quickstart, tmp_path_factory):
 
 def test_the_quickstart_ends_with_a_report_file(quickstart):
     path, summary = quickstart
-    assert summary["report"] == str(path.with_name("quickstart-report.html"))
-    size = os.path.getsize(summary["report"])
+    assert summary.report == str(path.with_name("quickstart-report.html"))
+    size = os.path.getsize(summary.report)
     assert 1_000_000 < size < 6_000_000, size  # inlined Bokeh + Panel, no bloat
 
 
@@ -134,7 +134,7 @@ def test_prefect_artifacts_summarise_rounds_and_link_the_report(quickstart):
     from tasks.report import artifact_key
 
     path, summary = quickstart
-    key = artifact_key(summary["experiment_id"])
+    key = artifact_key(summary.experiment_id)
     with get_client(sync_client=True) as client:
         artifacts = {a.key: a for a in client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-rounds", f"{key}-report"])))}
@@ -143,7 +143,7 @@ def test_prefect_artifacts_summarise_rounds_and_link_the_report(quickstart):
     with duckdb.connect(str(path), read_only=True) as con:
         targets = [r[0] for r in con.execute("select target from rounds").fetchall()]
     assert markdown.count("| ") > 6 and all(f"{t:.2f}" in markdown for t in targets)
-    assert summary["report"] in artifacts[f"{key}-report"].data
+    assert summary.report in artifacts[f"{key}-report"].data
 
 
 def keynes(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -171,7 +171,7 @@ def test_keynes_report_serve_answers_on_localhost(quickstart):
         deadline, body = time.monotonic() + 180, ""
         while time.monotonic() < deadline and server.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/experiment?id={summary['experiment_id']}", timeout=60) as response:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/experiment?id={summary.experiment_id}", timeout=60) as response:
                     body = response.read().decode()
                     break
             except OSError:

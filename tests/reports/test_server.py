@@ -50,7 +50,7 @@ def served(tmp_path_factory, prefect_api, local_ray):
     try:
         wait_for(lambda: server.poll() is not None or answers(base + "/"), 120, "the report server")
         assert server.poll() is None, server.stderr.read()
-        yield {"db": db, "base": base, "experiment_id": summary["experiment_id"], "server": server}
+        yield {"db": db, "base": base, "experiment_id": summary.experiment_id, "server": server}
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -13,6 +13,7 @@ import json
 import sys
 import threading
 import time
+from dataclasses import asdict
 
 from cli.runtime import settings
 
@@ -45,10 +46,10 @@ class CountingWarehouse(Warehouse):
     def write_shards(self, shards):
         arrived = time.monotonic()  # when the driver got the shards' results
         written = 0
-        for guesses, shard in shards:  # one at a time, to count each shard's new rows
-            new = super().write_shards([(guesses, shard)])
-            self.commits.append({"shard": shard["shard"], "written": new, "sent": guesses.height,
-                                 "worker": shard["worker"], "node": shard["node"], "t": arrived})
+        for shard in shards:  # one at a time, to count each shard's new rows
+            new = super().write_shards([shard])
+            self.commits.append({"shard": shard.shard, "written": new, "sent": shard.guesses.height,
+                                 "worker": shard.worker, "node": shard.node, "t": arrived})
             written += new
         return written
 
@@ -89,7 +90,7 @@ def main(db: str, out: str) -> None:
         alive = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         shutdown_pools()
         result = {
-            "n": N, "shards": N // SHARD, "played": played, "before": before, "after": after,
+            "n": N, "shards": N // SHARD, "played": asdict(played), "before": before, "after": after,
             "victim_node": victim_node.node_id, "alive_nodes": alive, "removed": removed,
             "commits": warehouse.commits, "seconds": time.monotonic() - start,
         }

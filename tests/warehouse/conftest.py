@@ -13,7 +13,7 @@ import pytest
 
 from core.game import GameRule, outcome
 from prompts.answers import parse_answers
-from warehouse.store import Warehouse
+from warehouse.store import RunRow, ShardRecord, Warehouse
 
 EXPERIMENT = "views-0001"
 N = 400
@@ -53,13 +53,13 @@ def fill(path, arms: list = ARMS) -> Warehouse:
     wh.write_personas(EXPERIMENT, personas(rng))
     for arm, mode, model, rule in arms:
         run_id = f"{EXPERIMENT}-arm{arm}"
-        wh.begin_run({
-            "run_id": run_id, "experiment_id": EXPERIMENT, "arm": arm, "engine": "fixture", "model": model,
-            "prompt_mode": mode, "temperature": 0.7, "ratio": rule.ratio, "ratio_value": float(rule.fraction),
-            "offset": rule.offset, "low": rule.low, "high": rule.high, "answers": rule.answers,
-            "tolerance": rule.tolerance, "rounds": rule.rounds, "equilibrium": rule.equilibrium,
-            "spec": {"kind": "fixture"}, "status": "running",
-        })
+        wh.begin_run(RunRow(
+            run_id=run_id, experiment_id=EXPERIMENT, arm=arm, engine="fixture", model=model,
+            prompt_mode=mode, temperature=0.7, ratio=rule.ratio, ratio_value=float(rule.fraction),
+            offset=rule.offset, low=rule.low, high=rule.high, answers=rule.answers,
+            tolerance=rule.tolerance, rounds=rule.rounds, equilibrium=rule.equilibrium,
+            spec={"kind": "fixture"},
+        ))
         centre = 50.0 - 5 * arm
         for round_ in range(1, ROUNDS + 1):
             raw = answers(rng, centre)
@@ -71,7 +71,7 @@ def fill(path, arms: list = ARMS) -> Warehouse:
                 "prompt_tokens": rng.integers(50, 120, N), "completion_tokens": rng.integers(1, 40, N),
                 "latency_s": rng.gamma(2.0, 0.1, N), "attempts": rng.choice([1, 1, 1, 2], N), "error": parsed["error"],
             })
-            wh.write_shards([(guesses, {"run_id": run_id, "round": round_, "shard": 0, "n": N, "node": "local", "worker": "w", "seconds": 0.5})])
+            wh.write_shards([ShardRecord(guesses, run_id, round_, shard=0, n=N, node="local", worker="w", seconds=0.5)])
             result = outcome(guesses.select("agent_id", "guess", "valid"), rule)
             wh.write_outcome(run_id, round_, result, 1.25)
             centre = result.target

@@ -32,7 +32,7 @@ from warehouse.store import Warehouse
 
 __all__ = [
     "StoredRound", "Warehouse", "begin_experiment", "begin_runs", "close_statuses", "commit_shards", "finish_experiment",
-    "finish_run", "finished_rounds", "held", "load_round", "mark_interrupted", "open_warehouse", "run_row", "store_analyses", "store_groups", "store_outcome", "stored_round",
+    "finish_run", "finished_rounds", "held", "load_round", "mark_interrupted", "open_warehouse", "recorded_shard_size", "run_row", "store_analyses", "store_groups", "store_outcome", "stored_round",
 ]
 
 
@@ -77,6 +77,12 @@ def run_row(experiment_id: str, arm: Arm, prompting: dict[str, Any] | None = Non
         "sampling": arm.sampling.model_dump(mode="json"),
         "status": "running",
     }
+
+
+def recorded_shard_size(warehouse: Warehouse, experiment_id: str, read_only: bool = False) -> int | None:
+    """The shard size the experiment's first run played with (recorded by ``begin_experiment``
+    in its config), or None: a resumed round keeps the shard boundaries it started with."""
+    return warehouse.recorded_shard_size(experiment_id, read_only=read_only)
 
 
 def begin_experiment(

@@ -253,11 +253,13 @@ def with_shards(seconds: float, cfg, n: int, rounds: int, cal: Calibration) -> f
 
     Actors pay ``shard_s`` per shard, side by side; the driver commits what has finished, at
     most ``IN_FLIGHT_PER_ACTOR`` shards per actor at once, so many small shards wait for it:
-    a round takes the longer of the two, plus its last commit."""
+    a round takes the longer of the two, plus its last commit and the warehouse's two other
+    visits (what is stored before it plays, its guesses after), each about a commit (opening the
+    file is most of one)."""
     shards = math.ceil(n / shard_size(cfg))
     actors = max(1, min(cfg.workers.actors, shards))
     driver = rounds * math.ceil(shards / (IN_FLIGHT_PER_ACTOR * actors)) * cal.commit_s
-    return max(seconds + rounds * shards * cal.shard_s / actors, driver) + rounds * cal.commit_s
+    return max(seconds + rounds * shards * cal.shard_s / actors, driver) + rounds * 3 * cal.commit_s
 
 
 def pooled_answers(distributions: pl.DataFrame) -> np.ndarray:

@@ -53,8 +53,6 @@ BOOKKEEPING_AGENTS = 6000
 #: Times a shard's fixed costs are measured (the median counts): a one-agent shard played again
 #: on the shared path, the calibration shard committed to a scratch warehouse.
 SHARD_REPEATS = 5
-#: Shards an actor holds at once (``tasks.pool.IN_FLIGHT_PER_ACTOR``): what one commit can gather.
-IN_FLIGHT_PER_ACTOR = 2
 
 
 class Player(Protocol):
@@ -251,14 +249,15 @@ def _timed(call: Callable[[], Any]) -> float:
 def with_shards(seconds: float, cfg, n: int, rounds: int, cal: Calibration) -> float:
     """``seconds`` of play plus what its shards cost (``Calibration.shard_s``, ``commit_s``).
 
-    Actors pay ``shard_s`` per shard, side by side; the driver commits what has finished, at
-    most ``IN_FLIGHT_PER_ACTOR`` shards per actor at once, so many small shards wait for it:
-    a round takes the longer of the two, plus its last commit and the warehouse's two other
+    Actors pay ``shard_s`` per shard, side by side; the driver commits what has finished, about
+    one shard per actor at a time (an actor holds two; the runs of 400 and 4,000 shards of 5 in
+    docs/benchmarks.md took about one commit per actor's shard), so many small shards wait for
+    it: a round takes the longer of the two, plus its last commit and the warehouse's two other
     visits (what is stored before it plays, its guesses after), each about a commit (opening the
     file is most of one)."""
     shards = math.ceil(n / shard_size(cfg))
     actors = max(1, min(cfg.workers.actors, shards))
-    driver = rounds * math.ceil(shards / (IN_FLIGHT_PER_ACTOR * actors)) * cal.commit_s
+    driver = rounds * math.ceil(shards / actors) * cal.commit_s
     return max(seconds + rounds * shards * cal.shard_s / actors, driver) + rounds * 3 * cal.commit_s
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from design.config import ConfigError
 from design.loading import load_config
-from design.plan import IN_FLIGHT_PER_ACTOR, Calibration, with_shards
+from design.plan import Calibration, with_shards
 from design.shards import MAX_SHARD, SHARDS_PER_ACTOR, auto_shard_size, engine_batch, shard_size, sized
 from tasks.store import begin_experiment, open_warehouse, recorded_shard_size
 from tests.conftest import QUICKSTART
@@ -83,17 +83,11 @@ def test_the_warehouse_hands_back_the_recorded_size(tmp_path):
 def test_the_plan_counts_each_shard_on_the_actors_and_each_commit_in_the_driver():
     cal = Calibration(3, 0.2, 2, 60, 60, shard_s=0.02, commit_s=0.1)
     small = load_config(QUICKSTART, [*SCALED, "workers.shard_size=5"])  # 4,000 shards on 2 actors
-    # The driver commits at most IN_FLIGHT_PER_ACTOR shards per actor at once: 1,000 commits.
-    # Each round also commits its last shard, reads what is stored before and loads its guesses after.
-    assert with_shards(3.0, small, 20_000, 1, cal) == pytest.approx(4000 / (IN_FLIGHT_PER_ACTOR * 2) * 0.1 + 3 * 0.1)
+    # The driver commits about one shard per actor at a time: 2,000 commits. Each round also
+    # commits its last shard, reads what is stored before and loads its guesses after.
+    assert with_shards(3.0, small, 20_000, 1, cal) == pytest.approx(2000 * 0.1 + 3 * 0.1)
     # Eight shards: the actors' side.
     default = load_config(QUICKSTART, SCALED)
     assert with_shards(3.0, default, 20_000, 1, cal) == pytest.approx(3.0 + 8 * 0.02 / 2 + 3 * 0.1)
     # Two rounds: twice each.
     assert with_shards(6.0, default, 20_000, 2, cal) == pytest.approx(6.0 + 2 * 8 * 0.02 / 2 + 2 * 3 * 0.1)
-
-
-def test_the_plan_s_in_flight_count_is_the_pool_s():
-    from tasks.pool import IN_FLIGHT_PER_ACTOR as POOL
-
-    assert IN_FLIGHT_PER_ACTOR == POOL

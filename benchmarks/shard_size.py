@@ -12,9 +12,10 @@ other in this one invocation, so that they share the machine's load; compare the
 
 Per run it prints the shard size the run recorded (the experiment's config in the warehouse) and
 the shards its round committed, the command's wall, the round's own seconds (`rounds.seconds`:
-play, load and outcome) and the plan's time (which leaves out starting Ray and the model, as
-`keynes plan` says), then the default's wall over the best pinned one's (target: at most 1.5) and
-each plan over its round (target: within 2x either way).
+play, load and outcome), its play (from the first shard's start on its actor to the last commit:
+without waiting for actors that still load their model) and the plan's time (which leaves out
+starting Ray and the model, as `keynes plan` says), then the default's wall over the best pinned
+one's (target: at most 1.5) and the plan over the play furthest from 1 (target: within 2x).
 """
 
 from __future__ import annotations
@@ -79,9 +80,13 @@ def played(agents: int, shard_size: int | None, db: Path) -> dict[str, float]:
         size = con.execute("SELECT json_extract(config, '$.workers.shard_size')::BIGINT FROM experiments").fetchone()[0]
         shards, stored = con.execute("SELECT count(*), sum(n) FROM shards").fetchone()
         (round_s,) = con.execute("SELECT seconds FROM rounds").fetchone()
+        # From the first shard's start on its actor to the last commit: the round without the
+        # wait for actors still loading their model (which the plan leaves out, and which a loaded
+        # machine pushes into the round).
+        (play_s,) = con.execute("SELECT epoch(max(committed_at)) - min(epoch(committed_at) - seconds) FROM shards").fetchone()
     if stored != agents:
         sys.exit(f"the run stored {stored} guesses in its shards, expected {agents}")
-    return {"size": size, "shards": shards, "wall": wall, "round": round_s}
+    return {"size": size, "shards": shards, "wall": wall, "round": round_s, "play": play_s}
 
 
 def main() -> None:
@@ -102,22 +107,22 @@ def main() -> None:
     if args.small:
         settings.append((f"{args.small:,} (small)", args.small))
     rows = []
-    print(f"  {'shard_size':<16} {'size':>7} {'shards':>7} {'wall s':>8} {'round s':>8} {'plan s':>8} {'plan/round':>10}", flush=True)
+    print(f"  {'shard_size':<16} {'size':>7} {'shards':>7} {'wall s':>8} {'round s':>8} {'play s':>8} {'plan s':>8} {'plan/play':>10}", flush=True)
     with tempfile.TemporaryDirectory(prefix="keynes-shard-size-") as tmp:
         for i, (label, size) in enumerate(settings):
             db = Path(tmp) / f"run{i}.duckdb"
             plan_s = planned(args.agents, size, db)
             r = {"label": label, "plan": plan_s, **played(args.agents, size, db)}
             rows.append(r)
-            print(f"  {r['label']:<16} {r['size']:>7,} {r['shards']:>7,} {r['wall']:>8.1f} {r['round']:>8.1f} {r['plan']:>8.1f} "
-                  f"{r['plan'] / r['round']:>10.2f}", flush=True)
+            print(f"  {r['label']:<16} {r['size']:>7,} {r['shards']:>7,} {r['wall']:>8.1f} {r['round']:>8.1f} {r['play']:>8.1f} "
+                  f"{r['plan']:>8.1f} {r['plan'] / r['play']:>10.2f}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores after the runs")
     default = rows[0]
     best = min(rows[1:1 + len(pinned)], key=lambda r: r["wall"])
     print(f"default/best pinned ({best['label']}): wall {default['wall']:.1f} s / {best['wall']:.1f} s = "
           f"{default['wall'] / best['wall']:.2f}x (target: at most 1.5x)")
-    worst = max(rows, key=lambda r: max(r["plan"] / r["round"], r["round"] / r["plan"]))
-    print(f"plan/round furthest from 1: {worst['label']} {worst['plan'] / worst['round']:.2f}x (target: between 0.5x and 2x)")
+    worst = max(rows, key=lambda r: max(r["plan"] / r["play"], r["play"] / r["plan"]))
+    print(f"plan/play furthest from 1: {worst['label']} {worst['plan'] / worst['play']:.2f}x (target: between 0.5x and 2x)")
     for r in rows:
         if r["shards"] != math.ceil(args.agents / r["size"]):
             sys.exit(f"{r['label']}: {r['shards']} shards committed, expected {math.ceil(args.agents / r['size'])}")

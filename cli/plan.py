@@ -37,7 +37,9 @@ def plan(
     from design.plan import plan as make_plan
     from tasks.actor import ShardPlayer
 
-    plans = make_plan(cfg, ShardPlayer, sample_, calibrate, calls_per_second, say=lambda text: console.print(text, highlight=False))
+    with ScratchCommits() as committer:
+        plans = make_plan(cfg, ShardPlayer, sample_, calibrate, calls_per_second, say=lambda text: console.print(text, highlight=False),
+                          committer=committer)
     rows = [p.row() for p in plans]
     if format_ == "json":
         sys.stdout.write(json.dumps(rows) + "\n")
@@ -76,3 +78,41 @@ def plan(
         out.print(f"arm {r['arm']}: {r['basis']}", highlight=False)
     if len(rows) > 1:
         out.print("all: the arms run one after another", highlight=False)
+
+
+class ScratchCommits:
+    """Commits calibration shards to a warehouse in a temporary folder, as the play stage commits
+    shards (``tasks.store.commit_shards``), and times them: what every shard of a run costs the
+    driver (``design.plan.Committer``). The folder is removed on exit; the run's own warehouse is
+    never opened."""
+
+    def __enter__(self) -> "ScratchCommits":
+        import tempfile
+
+        self.folder = tempfile.TemporaryDirectory(prefix="keynes-plan-")
+        self.warehouse = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.folder.cleanup()
+
+    def __call__(self, arm, round_: int, shard: int, agents, result) -> float:
+        import time
+        from dataclasses import replace
+
+        import polars as pl
+
+        from tasks.actor import ShardJob
+        from tasks.store import commit_shards, open_warehouse
+
+        if self.warehouse is None:
+            self.warehouse = open_warehouse(Path(self.folder.name) / "scratch.duckdb")
+        # New agent ids for each shard number: every commit writes its rows, as a run's shards do.
+        offset = (shard + 1) * (int(agents["agent_id"].max()) + 1)
+        job = ShardJob(arm, 0, round_, shard, agents.with_columns(pl.col("agent_id") + offset))
+        distributions = None if result.distributions is None else result.distributions.with_columns(shard=pl.lit(shard, pl.Int32))
+        played = replace(result, guesses=result.guesses.with_columns(pl.col("agent_id") + offset, shard=pl.lit(shard)),
+                         distributions=distributions)
+        start = time.perf_counter()
+        commit_shards(self.warehouse, [(job, played)])
+        return time.perf_counter() - start

@@ -190,8 +190,17 @@ class WorkersConfig(Strict):
 
     ray_address: str | None = Field(None, description='A Ray cluster to join ("auto", "ray://host:10001"); none starts a local Ray.')
     actors: int = Field(2, gt=0, description="Ray actors per engine; each owns one engine instance.")
-    shard_size: int = Field(1000, gt=0, description="Agents per shard: the unit of work sent to an actor and committed.")
+    shard_size: int | None = Field(
+        None, gt=0,
+        description='Agents per shard: the unit of work sent to an actor and committed. None or "auto": keynes sizes them '
+                    "from the population, the actors and the engine (a few shards per actor; kept when a run resumes).",
+    )
     dashboard: bool = Field(False, description="Start the Ray dashboard with a local Ray.")
+
+    @field_validator("shard_size", mode="before")
+    @classmethod
+    def _auto(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() == "auto" else value
 
 
 class ReportConfig(Strict):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
@@ -30,6 +31,7 @@ from core.game import history_row
 from design.arms import Arm
 from design.config import ExperimentConfig
 from design.seen import seen
+from design.shards import shard_size
 from engines import EngineSpec
 from engines.mixture import MixtureSpec
 from populations.sampler import sample
@@ -48,6 +50,9 @@ TRIE_SAMPLE = 256
 #: Agents of a second calibration shard on the shared path, all with the prompts just computed:
 #: what an agent costs beyond its prompt's distribution (rendering, drawing, parsing its answer).
 BOOKKEEPING_AGENTS = 6000
+#: Times a shard's fixed costs are measured (the median counts): a one-agent shard played again
+#: on the shared path, the calibration shard committed to a scratch warehouse.
+SHARD_REPEATS = 5
 
 
 class Player(Protocol):
@@ -60,6 +65,14 @@ class Player(Protocol):
 
     def close(self) -> None:
         """Release the engine."""
+
+
+class Committer(Protocol):
+    """Commits a played shard to a scratch warehouse as the play stage does (``cli.plan``): what
+    the driver spends on every commit whatever its size."""
+
+    def __call__(self, arm: Arm, round_: int, shard: int, agents: pl.DataFrame, result: Any) -> float:
+        """Seconds to commit ``result`` (a ``ShardResult`` of ``agents``) as shard ``shard``."""
 
 
 @dataclass
@@ -172,6 +185,11 @@ class Calibration:
     #: On the shared-context path, the probabilities of one agent's answers (its calibration
     #: agents' round-1 distributions, pooled): what the plan draws histories from.
     answers: np.ndarray | None = None
+    #: The fixed cost of a shard: an actor's seconds beyond its agents' (a one-agent shard whose
+    #: prompt is answered already; 0 where each agent's own call dominates any shard) and the
+    #: driver's seconds to commit one (0 without a committer).
+    shard_s: float = 0.0
+    commit_s: float = 0.0
 
     @property
     def node_tokens(self) -> float:
@@ -182,8 +200,10 @@ class Calibration:
         return max(0.0, (self.tokens_evaluated - self.trie_tokens) / self.distinct)
 
 
-def calibrate(arm: Arm, seed: int, agents: pl.DataFrame, personas: pl.DataFrame, player: Any, counter: Counter) -> Calibration:
-    """Play round 1 of ``agents`` on the player's engine with their real prompts and seeds."""
+def calibrate(arm: Arm, seed: int, agents: pl.DataFrame, personas: pl.DataFrame, player: Any, counter: Counter,
+              committer: Committer | None = None) -> Calibration:
+    """Play round 1 of ``agents`` on the player's engine with their real prompts and seeds; with
+    ``committer``, also time a shard's fixed costs (``shard_costs``)."""
     shared, frame = round_inputs(arm, 1, agents, personas)
     result = player.play_agents(arm, seed, 1, 0, frame, shared)
     g = result.guesses
@@ -196,10 +216,49 @@ def calibrate(arm: Arm, seed: int, agents: pl.DataFrame, personas: pl.DataFrame,
         offset = int(personas["agent_id"].max()) + 1
         many = pl.concat([frame.with_columns(pl.col("agent_id") + k * offset) for k in range(1, copies + 1)])
         bookkeeping = player.play_agents(arm, seed, 1, 1, many, shared).seconds / many.height
+    shard_s, commit_s = shard_costs(arm, seed, frame, shared, player, result, committer, cached=bool(distinct) and not arm.mode.reasoning)
     return Calibration(g.height, float(g["latency_s"].mean()), float(g["completion_tokens"].mean()),
                        float(g["prompt_tokens"].mean()), float(counted.mean()), result.seconds, distinct,
                        result.tokens_evaluated, trie_chars(prompts) * tokens_per_char(prompts, counted), bookkeeping,
-                       None if result.distributions is None else pooled_answers(result.distributions))
+                       None if result.distributions is None else pooled_answers(result.distributions), shard_s, commit_s)
+
+
+def shard_costs(arm: Arm, seed: int, frame: pl.DataFrame, shared: dict[str, Any], player: Any, result: Any,
+                committer: Committer | None, cached: bool) -> tuple[float, float]:
+    """A shard's fixed seconds, each the median of ``SHARD_REPEATS``: on the actor (a one-agent
+    shard of a prompt already answered, where the engine keeps answers: ``cached``; elsewhere an
+    agent's own call outweighs it, 0) and in the driver (``committer``: the calibration shard
+    committed again under new shard numbers, after one commit that creates the scratch file)."""
+    shard_s = 0.0
+    if cached:
+        one = frame.head(1)
+        shard_s = float(np.median([_timed(lambda k=k: player.play_agents(arm, seed, 1, 2 + k, one, shared)) for k in range(SHARD_REPEATS)]))
+    commit_s = 0.0
+    if committer is not None:
+        times = [committer(arm, 1, k, frame, result) for k in range(SHARD_REPEATS + 1)]
+        commit_s = float(np.median(times[1:]))
+    return shard_s, commit_s
+
+
+def _timed(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def with_shards(seconds: float, cfg, n: int, rounds: int, cal: Calibration) -> float:
+    """``seconds`` of play plus what its shards cost (``Calibration.shard_s``, ``commit_s``).
+
+    Actors pay ``shard_s`` per shard, side by side; the driver commits what has finished, about
+    one shard per actor at a time (an actor holds two; the runs of 400 and 4,000 shards of 5 in
+    docs/benchmarks.md took about one commit per actor's shard), so many small shards wait for
+    it: a round takes the longer of the two, plus its last commit and the warehouse's two other
+    visits (what is stored before it plays, its guesses after), each about a commit (opening the
+    file is most of one)."""
+    shards = math.ceil(n / shard_size(cfg))
+    actors = max(1, min(cfg.workers.actors, shards))
+    driver = rounds * math.ceil(shards / actors) * cal.commit_s
+    return max(seconds + rounds * shards * cal.shard_s / actors, driver) + rounds * 3 * cal.commit_s
 
 
 def pooled_answers(distributions: pl.DataFrame) -> np.ndarray:
@@ -305,7 +364,7 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
 
 # ------------------------------------------------------------------------------ the plan
 def plan(cfg: ExperimentConfig, player_for: Callable[[EngineSpec], Player], samples: int = SAMPLE, calibration: int = CALIBRATE,
-         calls_per_second: float | None = None, say=lambda text: None) -> list[ArmPlan]:
+         calls_per_second: float | None = None, say=lambda text: None, committer: Committer | None = None) -> list[ArmPlan]:
     """The estimate of every arm of ``cfg`` (see the module docstring).
 
     Args:
@@ -317,6 +376,8 @@ def plan(cfg: ExperimentConfig, player_for: Callable[[EngineSpec], Player], samp
             tokens are then their maxima and time is unknown unless ``calls_per_second``).
         calls_per_second: the user's own throughput figure for the whole run, used for time.
         say: called with a line before each slow step (building an engine, calibrating).
+        committer: commits a calibration shard to a scratch warehouse, to time a shard's commit
+            (``cli.plan``); None: commits are not counted.
     """
     personas = sample(cfg.population.load(), cfg.population.size, cfg.seed)
     if cfg.groups is not None:
@@ -329,14 +390,14 @@ def plan(cfg: ExperimentConfig, player_for: Callable[[EngineSpec], Player], samp
     out = []
     try:
         for arm in cfg.arms_list():
-            out.append(_arm_plan(cfg, arm, personas, picked, calibration, calls_per_second, players, nodes, say, player_for))
+            out.append(_arm_plan(cfg, arm, personas, picked, calibration, calls_per_second, players, nodes, say, player_for, committer))
     finally:
         for player in players.values():
             player.close()
     return out
 
 
-def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, players, nodes, say, player_for) -> ArmPlan:
+def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, players, nodes, say, player_for, committer=None) -> ArmPlan:
     n, rounds, phases = personas.height, arm.rule.rounds, 2 if arm.mode.reasoning else 1
     calls = n * rounds * phases
     if isinstance(arm.engine, MixtureSpec):
@@ -352,7 +413,7 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
         engine = players[spec.key].engine
     counter = Counter(spec)
     if engine is not None:
-        cal = calibrate(arm, cfg.seed, sample_agents(personas, calibration), personas, players[spec.key], counter)
+        cal = calibrate(arm, cfg.seed, sample_agents(personas, calibration), personas, players[spec.key], counter, committer)
     # The counter's scale against the engine's own count (characters → tokens for HTTP engines).
     scale = 1.0 if counter.exact or cal is None or not cal.counted_prompt else cal.prompt_tokens / phases / cal.counted_prompt
     cue = float(counter([FINAL_CUE])[0]) if phases == 2 else 0.0
@@ -376,6 +437,8 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
     at_most: float | None = None
     if cal is not None:
         basis = f"calibrated on {cal.agents} agent(s)" + ("" if counter.exact else ", tokens ~4 characters each")
+        if not calls_per_second:
+            basis += f", {math.ceil(n / shard_size(cfg)):,} shard(s) a round"
         if cal.distinct and phases == 1 and not calls_per_second:
             # An engine calibrated for an earlier arm still holds that arm's prompt: a later arm's
             # evaluates less than its trie, and its answer trees cost what the first arm's did.
@@ -389,6 +452,8 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
                 basis += f"; about {distinct:,.0f} distinct prompts (at most {at_most:,.0f})" if likely else f"; at most {at_most:,.0f} distinct prompts"
             else:
                 basis += f"; {distinct:,.0f} distinct prompts"
+        if seconds is not None and not calls_per_second:
+            seconds = with_shards(seconds, cfg, n, rounds, cal)
     else:
         basis = "completion tokens at their maxima" + ("; time from --calls-per-second" if calls_per_second else "")
     return ArmPlan(arm, n, rounds, phases, prompt, completion_total, seconds, cost, basis, distinct, at_most)
@@ -399,7 +464,7 @@ def _shared_seconds(cfg, n: int, work: list[SharedRound], cal: Calibration) -> f
     (or its prompts at its seconds a prompt, on an engine that does not count tokens), plus every
     agent's own part (drawing, parsing: ``Calibration.bookkeeping``), shared out over the actors
     (each distinct prompt is computed once for the pool)."""
-    actors = max(1, min(cfg.workers.actors, math.ceil(n / cfg.workers.shard_size)))
+    actors = max(1, min(cfg.workers.actors, math.ceil(n / shard_size(cfg))))
     agents = n * len(work) * cal.bookkeeping
     if cal.tokens_evaluated:
         return (sum(w.tokens for w in work) * cal.seconds / cal.tokens_evaluated + agents) / actors
@@ -410,7 +475,7 @@ def _seconds(spec: EngineSpec, cfg, n: int, rounds: int, phases: int, cal: Calib
     """From the user's calls per second, else the engine's own prediction (``EngineSpec.predicted_seconds``)."""
     if calls_per_second:
         return n * rounds * phases / calls_per_second
-    actors = min(cfg.workers.actors, math.ceil(n / cfg.workers.shard_size))
+    actors = min(cfg.workers.actors, math.ceil(n / shard_size(cfg)))
     if cal is None:
         return spec.predicted_seconds(n, rounds, phases, actors, None, None)
     return spec.predicted_seconds(n, rounds, phases, actors, cal.seconds_per_agent, cal.prompt_tokens + cal.completion_tokens,

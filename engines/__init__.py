@@ -300,6 +300,12 @@ class EngineSpec(BaseModel):
         return False
 
     @property
+    def batch(self) -> int:
+        """Requests one engine (one actor) serves together: a shard of fewer leaves it part idle
+        (keynes sizes shards to hold at least one, ``design.shards``). 1: one at a time."""
+        return 1
+
+    @property
     def prefix_block(self) -> int:
         """The shared-context path keeps and evaluates prompt tokens in blocks of this many (1:
         token by token): a prompt that leaves the one before it mid-block evaluates the block's

@@ -62,6 +62,10 @@ class OpenAISpec(EngineSpec):
     max_retry_after_s: float = Field(120.0, ge=0, description="Longest Retry-After a 429/503 answer may impose (every actor waits it out before sending again).")
 
     @property
+    def batch(self) -> int:
+        return self.concurrency
+
+    @property
     def model_name(self) -> str:
         return self.model
 

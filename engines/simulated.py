@@ -73,6 +73,10 @@ class SimulatedSpec(EngineSpec):
         return k
 
     @property
+    def batch(self) -> int:
+        return self.concurrency
+
+    @property
     def model_name(self) -> str:
         if self.rule == "level_k":
             levels = self.k if isinstance(self.k, int) else ",".join(f"{lv}:{w:g}" for lv, w in sorted(self.k.items()))

@@ -26,6 +26,7 @@ from design.budget import check_context
 from design.config import ConfigError, ExperimentConfig
 from design.loading import load_config
 from design.prompting import check_prompting, engine_index
+from design.shards import sized
 from flows import monitor
 from flows.failures import one_line_failures
 from tasks import progress, store
@@ -94,7 +95,9 @@ def warm_start(cfg: ExperimentConfig) -> None:
     """``start_workers`` for the rounds the flow will play, before it runs: ``keynes run`` calls
     it while Prefect's temporary API starts, and the flow then finds Ray and the actors up."""
     arms = cfg.arms_list()
-    finished = store.finished_rounds(store.open_warehouse(cfg.db), [a.run_id for a in arms], read_only=True)
+    warehouse = store.open_warehouse(cfg.db)
+    finished = store.finished_rounds(warehouse, [a.run_id for a in arms], read_only=True)
+    cfg = sized(cfg, store.recorded_shard_size(warehouse, cfg.experiment_id, read_only=True))
     start_workers(cfg, arms, round_plan(cfg, arms, finished))
 
 
@@ -159,6 +162,9 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     arms = cfg.arms_list()
     finished = store.finished_rounds(warehouse, [a.run_id for a in arms])
     plan = round_plan(cfg, arms, finished)
+    # The shard size this run plays with (recorded with the config below): the first run's when
+    # the user sets none, so a resumed round keeps its shard boundaries.
+    cfg = sized(cfg, store.recorded_shard_size(warehouse, cfg.experiment_id))
     if not any(plan.values()):
         # Nothing to play (e.g. a scheduled `continue: true` experiment that reached game.rounds):
         # end at once, without starting Ray, and say so where the user looks (log and state).

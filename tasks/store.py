@@ -48,7 +48,7 @@ from warehouse.store import RunRow, ShardRecord, Warehouse, WarehouseError
 __all__ = [
     "AnalysesStored", "RunRow", "StoredRound", "Warehouse", "WarehouseError", "WorkerLoad", "begin_experiment", "begin_runs",
     "cached_backstories", "close_statuses", "commit_shards", "finish_experiment", "finish_run", "finished_rounds", "held",
-    "load_round", "mark_interrupted", "open_warehouse", "personas_identity", "read_personas", "round_summary", "run_row",
+    "load_round", "mark_interrupted", "open_warehouse", "personas_identity", "read_personas", "recorded_shard_size", "round_summary", "run_row",
     "store_analyses", "store_backstories", "store_groups", "store_outcome", "store_personas", "stored_personas", "stored_round",
     "workers",
 ]
@@ -95,6 +95,12 @@ def run_row(experiment_id: str, arm: Arm, prompting: Prompting | None = None) ->
         prompting=(prompting if prompting is not None else arm.engine.prompting()).as_json(),
         sampling=arm.sampling.model_dump(mode="json"),
     )
+
+
+def recorded_shard_size(warehouse: Warehouse, experiment_id: str, read_only: bool = False) -> int | None:
+    """The shard size the experiment's first run played with (recorded by ``begin_experiment``
+    in its config), or None: a resumed round keeps the shard boundaries it started with."""
+    return warehouse.recorded_shard_size(experiment_id, read_only=read_only)
 
 
 def begin_experiment(

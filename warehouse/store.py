@@ -90,6 +90,18 @@ class Warehouse(WarehouseFile):
                 [experiment_id, name, json.dumps(config), config_hash, seed, population],
             )
 
+    def recorded_shard_size(self, experiment_id: str, read_only: bool = False) -> int | None:
+        """The ``workers.shard_size`` an experiment's first run recorded with its config (None:
+        no such experiment, or none recorded)."""
+        if not self.path.exists():
+            return None
+        with self.connect(read_only=read_only) as con:
+            rows = con.execute(
+                "SELECT TRY_CAST(json_extract(config, '$.workers.shard_size') AS BIGINT) FROM experiments WHERE experiment_id = ?",
+                [experiment_id],
+            ).fetchall()
+        return int(rows[0][0]) if rows and rows[0][0] else None
+
     def finish_experiment(self, experiment_id: str, status: str = "completed") -> None:
         with self.transaction() as con:
             con.execute(

@@ -57,6 +57,11 @@ class LlamaCppSpec(EngineSpec):
         return self.shared_context
 
     @property
+    def batch(self) -> int:
+        """With shared context, the free-text streams decoded together (``sequences``)."""
+        return self.sequences if self.shared_context else 1
+
+    @property
     def prefix_block(self) -> int:
         from engines.llamacpp.blocks import BLOCK
 

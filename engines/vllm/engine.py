@@ -61,6 +61,11 @@ class VllmSpec(EngineSpec):
     def uses_shared_context(self) -> bool:
         return self.shared_context
 
+    @property
+    def batch(self) -> int:
+        """``max_num_seqs``, or vLLM's own default (256)."""
+        return self.max_num_seqs or 256
+
     @model_validator(mode="after")
     def _resources(self) -> "VllmSpec":
         if self.device == "cpu" and self.num_gpus > 0:

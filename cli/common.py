@@ -107,6 +107,21 @@ def call_flow(flow: Any, *args: Any, attempts: int = 3) -> Any:
     raise AssertionError("unreachable")
 
 
+def warm_stack(ray_address: str | None) -> Any:
+    """The warm stack (``keynes up``) a command that starts Ray joins, if it is up and this keynes
+    may join it (not when the config names a cluster, ``workers.ray_address``); one line says
+    which, or why not. Its Prefect API serves this process from now on (unless
+    ``PREFECT_API_URL`` is set): call it before anything imports Prefect's settings."""
+    from cli.runtime.stack import for_command
+
+    stack, line = for_command(ray_address)
+    if line:
+        console.print(line, highlight=False, soft_wrap=True)
+    if stack is not None:
+        os.environ.setdefault("PREFECT_API_URL", stack.prefect_url)
+    return stack
+
+
 def report_login(host: str, credentials: Path | None, public: bool, prefix: str = "") -> str | dict[str, str] | None:
     """The login of a report server bound to ``host`` (reports/login.py); exit 2 with one line
     when it is shared with neither a login nor ``--public``, or its credentials file is bad."""

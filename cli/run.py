@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from cli.common import START_A_SERVER, STARTUP_TIMEOUT, RichReporter, bold, call_flow, console, fail
+from cli.common import START_A_SERVER, STARTUP_TIMEOUT, RichReporter, bold, call_flow, console, fail, warm_stack
 from tasks.timings import mark
 
 
@@ -38,6 +38,7 @@ def run(
 
     for line in guard("keynes run"):  # what a killed earlier run left behind
         console.print(line, highlight=False)
+    stack = warm_stack(cfg.workers.ray_address)  # `keynes up`'s Ray and Prefect API, if they run
     from design.prompting import check_prompting
 
     try:  # a model that cannot be prompted as configured (chat without a template) starts nothing
@@ -57,12 +58,15 @@ def run(
     api_answers = start_in_background()  # Prefect's temporary API starts while Ray and the actors do
     import ray
 
+    from cli.runtime.stack import join
     from flows.experiment import experiment, warm_start
     from tasks.pool import shutdown_pools, stop_ray
 
     ray_was_up = ray.is_initialized()  # a caller's own Ray (keynes run called in-process) stays up
     try:
         with kept_alive(lambda line: console.print(line, highlight=False)):
+            if stack is not None:
+                join(stack)  # before warm_start, which would start a Ray of its own
             warm_start(cfg)  # Ray, and the actors that load their model meanwhile
             api_answers()
             with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:

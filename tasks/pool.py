@@ -76,10 +76,13 @@ def _signals_deferred() -> Iterator[None]:
             os.kill(os.getpid(), signum)
 
 
-def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
+def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: int | None = None,
+               runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
     """Join a Ray cluster (``address``) or start a local Ray; idempotent.
 
     Returns what is known of the cluster: ``address`` and ``dashboard_url`` (or None).
+    ``runtime_env`` is this driver's job's (a warm stack's workers get the command's environment
+    from it: cli/runtime/stack.py).
     A local Ray gets the machine's CPU count unless ``num_cpus`` says otherwise, and listens
     on 127.0.0.1 only: its node address is loopback when ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
     was set before Ray was imported (``cli.runtime.settings.apply`` sets it); otherwise a warning
@@ -90,6 +93,8 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
         # needs none (set RAY_AUTH_MODE yourself to keep it).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "logging_level": logging.WARNING}
+        if runtime_env:
+            kwargs["runtime_env"] = runtime_env
         if address:
             kwargs["address"] = address
         else:

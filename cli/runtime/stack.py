@@ -251,14 +251,13 @@ def down(path: Path | None = None, quiet: bool = False, keep_logs: bool = False)
         procs += [p for name, (pid, created) in stack.processes.items() if _alive(pid, created)
                   for p in [psutil.Process(int(pid))] if p not in procs]
     lines = []
+    if stack is not None and not quiet and (gone := stack.gone()):
+        lines.append(f"the warm stack's {', '.join(gone)} had ended already")
     if procs:
         names = sorted({_name(p) for p in procs} - {""})
         end(procs)
         lines.append(f"ended {len(procs)} process(es) of the warm stack ({', '.join(names)})")
     if stack is not None:
-        gone = stack.gone()
-        if gone and len(gone) < len(ESSENTIAL) and not quiet:
-            lines.insert(0, f"the warm stack's {', '.join(gone)} had ended already")
         if not keep_logs:
             shutil.rmtree(stack.logs, ignore_errors=True)
     path.unlink(missing_ok=True)

@@ -1,0 +1,105 @@
+"""Warm start: `keynes run` with a warm stack (`keynes up`) beside the same run cold, back to back.
+
+Usage: uv run python benchmarks/warm_start.py [--agents 20000] [--shard-size 5000] [--engine gemma] [--repeat 1] [--prefect-home DIR]
+
+The same experiment as benchmarks/cold_start.py (N agents of populations/education.yaml, round 1,
+the basic prompt, 2 actors, no report) run by the installed `keynes run` on a new warehouse each
+time, twice per repeat: cold (``KEYNES_WARM_STACK=off``: its own local Ray and Prefect's temporary
+API, as without a stack) and warm (it joins the stack that `keynes up` started before the first
+repeat; `keynes down` ends it at the end). Both share one model cache (``$KEYNES_CACHE``, as a
+user's runs do) and one migrated Prefect database. Each pair prints its timeline side by side (the
+points of cold_start.py: header, experiment row, run row, first and last shard committed, exit),
+the ratio of the walls, warm over cold, and the phases keynes marked (``KEYNES_TIMINGS=1``) of the
+warm run, which say where its time goes. The warm run must say that it joined the stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chaos import keynes_command  # noqa: E402
+from cold_start import ENGINES, POINTS, migrated_home, print_phases, run_once  # noqa: E402
+
+#: What `keynes run` prints when it joins the stack (cli/runtime/stack.py: for_command).
+JOINED = "joining the warm stack: "
+
+
+def keynes(*args: str, env: dict[str, str]) -> float:
+    """Run ``keynes ARGS`` (its output shown); seconds it took. Exits if it fails."""
+    start = time.monotonic()
+    done = subprocess.run(keynes_command() + list(args), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    for line in (done.stdout + done.stderr).splitlines():
+        print(f"  | {line}")
+    if done.returncode != 0:
+        sys.exit(f"keynes {' '.join(args)} failed (exit {done.returncode})")
+    return time.monotonic() - start
+
+
+def print_pair(title: str, cold: dict[str, float], warm: dict[str, float]) -> None:
+    """A cold and a warm run's timelines side by side, then the ratio of their walls."""
+    print(title)
+    print(f"  {'seconds after the command starts':34s}{'cold':>11s}{'warm':>11s}")
+    for point in POINTS:
+        print(f"  {point:34s}{cold[point]:11.2f}{warm[point]:11.2f}")
+    print(f"  wall: cold {cold['process exit']:.2f} s, warm {warm['process exit']:.2f} s: warm/cold "
+          f"{warm['process exit'] / cold['process exit']:.2f}; first shard committed: cold {cold['first shard committed']:.2f} s, "
+          f"warm {warm['first shard committed']:.2f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=20_000, help="Agents (population size) of each run.")
+    parser.add_argument("--shard-size", type=int, default=5000, help="Agents per shard.")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="gemma", help="gemma: Gemma 3 270M on llama.cpp; simulated: latency 0.")
+    parser.add_argument("--repeat", type=int, default=1, help="Pairs of runs (cold, then warm); each pair's figures, then the median ratio.")
+    parser.add_argument("--prefect-home", type=Path, help="A PREFECT_HOME with a migrated database (default: one made first, untimed).")
+    args = parser.parse_args()
+    if args.repeat < 1 or args.agents < 1 or args.shard_size < 1:
+        parser.error("--repeat, --agents and --shard-size: at least 1")
+    print(f"warm start: keynes run, {args.agents:,} agents of education.yaml, round 1, basic prompt, {args.engine}, 2 actors, "
+          f"shards of {args.shard_size:,}, no report; cold (its own Ray and Prefect API) then warm (joining `keynes up`'s); "
+          f"{' '.join(keynes_command())}")
+    with tempfile.TemporaryDirectory(prefix="keynes-warm-start-") as tmp:
+        home = args.prefect_home or migrated_home(Path(tmp) / "prefect")
+        env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS", "KEYNES_WARM_STACK")}
+        env["PREFECT_HOME"] = str(home)
+        print(f"keynes up: {keynes('up', env=env):.1f} s (once, untimed below)")
+        pairs: list[tuple[dict[str, float], dict[str, float]]] = []
+        try:
+            for repeat in range(1, args.repeat + 1):
+                timelines, phases = {}, {}
+                for kind, extra in (("cold", {"KEYNES_WARM_STACK": "off"}), ("warm", {"KEYNES_WARM_STACK": ""})):
+                    folder = Path(tmp) / f"{kind}-{repeat}"
+                    folder.mkdir()
+                    output: list[tuple[float, str]] = []
+                    timelines[kind], phases[kind] = run_once(args.engine, args.agents, folder, home, None, args.shard_size,
+                                                             extra_env=extra,
+                                                             output=output)
+                    joined = any(JOINED in text for _, text in output)
+                    if joined != (kind == "warm"):
+                        sys.exit(f"the {kind} run {'joined' if joined else 'did not join'} the warm stack:\n"
+                                 + "\n".join(text for _, text in output)[-3000:])
+                pairs.append((timelines["cold"], timelines["warm"]))
+                print_pair(f"pair {repeat} of {args.repeat} (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores):",
+                           timelines["cold"], timelines["warm"])
+                print_phases("warm", phases["warm"])
+        finally:
+            print(f"keynes down: {keynes('down', env=env):.1f} s")
+    if args.repeat > 1:
+        ratios = [warm["process exit"] / cold["process exit"] for cold, warm in pairs]
+        print(f"warm/cold per pair: {', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f} "
+              f"(median walls: cold {statistics.median(c['process exit'] for c, _ in pairs):.2f} s, "
+              f"warm {statistics.median(w['process exit'] for _, w in pairs):.2f} s; median first shard: warm "
+              f"{statistics.median(w['first shard committed'] for _, w in pairs):.2f} s)")
+
+
+if __name__ == "__main__":
+    main()

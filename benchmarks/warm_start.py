@@ -4,13 +4,16 @@ Usage: uv run python benchmarks/warm_start.py [--agents 20000] [--shard-size 500
 
 The same experiment as benchmarks/cold_start.py (N agents of populations/education.yaml, round 1,
 the basic prompt, 2 actors, no report) run by the installed `keynes run` on a new warehouse each
-time, twice per repeat: cold (``KEYNES_WARM_STACK=off``: its own local Ray and Prefect's temporary
-API, as without a stack) and warm (it joins the stack that `keynes up` started before the first
-repeat; `keynes down` ends it at the end). Both share one model cache (``$KEYNES_CACHE``, as a
-user's runs do) and one migrated Prefect database. Each pair prints its timeline side by side (the
-points of cold_start.py: header, experiment row, run row, first and last shard committed, exit),
-the ratio of the walls, warm over cold, and the phases keynes marked (``KEYNES_TIMINGS=1``) of the
-warm run, which say where its time goes. The warm run must say that it joined the stack.
+time, three times per repeat: cold (``KEYNES_WARM_STACK=off``: its own local Ray and Prefect's
+temporary API, as without a stack), warm (it joins the stack that `keynes up` started before the
+first repeat, and starts its actors, which the stack then keeps: tasks/kept.py) and again (the
+same run, which finds those actors with their model loaded; and, the prompts being the same, the
+answer distributions their engine computed). All share one model cache (``$KEYNES_CACHE``, as a
+user's runs do) and one migrated Prefect database; `keynes down` ends the stack at the end. Each
+repeat prints its timelines side by side (the points of cold_start.py: header, experiment row, run
+row, first and last shard committed, exit), each warm wall over the cold one, and the phases keynes
+marked (``KEYNES_TIMINGS=1``) of the warm runs, which say where their time goes (a kept actor's own
+phases are printed to the run that started it). Each warm run must say that it joined the stack.
 """
 
 from __future__ import annotations
@@ -43,15 +46,21 @@ def keynes(*args: str, env: dict[str, str]) -> float:
     return time.monotonic() - start
 
 
-def print_pair(title: str, cold: dict[str, float], warm: dict[str, float]) -> None:
-    """A cold and a warm run's timelines side by side, then the ratio of their walls."""
+#: The runs of each repeat: cold, then warm twice (the first starts the actors the second finds).
+KINDS = ("cold", "warm", "again")
+
+
+def print_runs(title: str, timelines: dict[str, dict[str, float]]) -> None:
+    """A repeat's runs side by side, then each warm run's wall over the cold one's."""
     print(title)
-    print(f"  {'seconds after the command starts':34s}{'cold':>11s}{'warm':>11s}")
+    print(f"  {'seconds after the command starts':34s}" + "".join(f"{kind:>11s}" for kind in timelines))
     for point in POINTS:
-        print(f"  {point:34s}{cold[point]:11.2f}{warm[point]:11.2f}")
-    print(f"  wall: cold {cold['process exit']:.2f} s, warm {warm['process exit']:.2f} s: warm/cold "
-          f"{warm['process exit'] / cold['process exit']:.2f}; first shard committed: cold {cold['first shard committed']:.2f} s, "
-          f"warm {warm['first shard committed']:.2f} s")
+        print(f"  {point:34s}" + "".join(f"{timeline[point]:11.2f}" for timeline in timelines.values()))
+    cold = timelines["cold"]["process exit"]
+    for kind in KINDS[1:]:
+        wall = timelines[kind]["process exit"]
+        print(f"  wall: {kind} {wall:.2f} s, cold {cold:.2f} s: {kind}/cold {wall / cold:.2f}; first shard committed: "
+              f"{kind} {timelines[kind]['first shard committed']:.2f} s, cold {timelines['cold']['first shard committed']:.2f} s")
 
 
 def main() -> None:
@@ -59,7 +68,7 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=20_000, help="Agents (population size) of each run.")
     parser.add_argument("--shard-size", type=int, default=5000, help="Agents per shard.")
     parser.add_argument("--engine", choices=sorted(ENGINES), default="gemma", help="gemma: Gemma 3 270M on llama.cpp; simulated: latency 0.")
-    parser.add_argument("--repeat", type=int, default=1, help="Pairs of runs (cold, then warm); each pair's figures, then the median ratio.")
+    parser.add_argument("--repeat", type=int, default=1, help="Rounds of runs (cold, warm, warm again); each one's figures, then the median ratios.")
     parser.add_argument("--prefect-home", type=Path, help="A PREFECT_HOME with a migrated database (default: one made first, untimed).")
     args = parser.parse_args()
     if args.repeat < 1 or args.agents < 1 or args.shard_size < 1:
@@ -72,34 +81,34 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS", "KEYNES_WARM_STACK")}
         env["PREFECT_HOME"] = str(home)
         print(f"keynes up: {keynes('up', env=env):.1f} s (once, untimed below)")
-        pairs: list[tuple[dict[str, float], dict[str, float]]] = []
+        runs: list[dict[str, dict[str, float]]] = []
         try:
             for repeat in range(1, args.repeat + 1):
                 timelines, phases = {}, {}
-                for kind, extra in (("cold", {"KEYNES_WARM_STACK": "off"}), ("warm", {"KEYNES_WARM_STACK": ""})):
+                for kind in KINDS:
                     folder = Path(tmp) / f"{kind}-{repeat}"
                     folder.mkdir()
                     output: list[tuple[float, str]] = []
                     timelines[kind], phases[kind] = run_once(args.engine, args.agents, folder, home, None, args.shard_size,
-                                                             extra_env=extra,
+                                                             extra_env={"KEYNES_WARM_STACK": "off" if kind == "cold" else ""},
                                                              output=output)
                     joined = any(JOINED in text for _, text in output)
-                    if joined != (kind == "warm"):
+                    if joined != (kind != "cold"):
                         sys.exit(f"the {kind} run {'joined' if joined else 'did not join'} the warm stack:\n"
                                  + "\n".join(text for _, text in output)[-3000:])
-                pairs.append((timelines["cold"], timelines["warm"]))
-                print_pair(f"pair {repeat} of {args.repeat} (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores):",
-                           timelines["cold"], timelines["warm"])
-                print_phases("warm", phases["warm"])
+                runs.append(timelines)
+                print_runs(f"repeat {repeat} of {args.repeat} (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores):", timelines)
+                for kind in KINDS[1:]:
+                    print_phases(kind, phases[kind])
         finally:
             print(f"keynes down: {keynes('down', env=env):.1f} s")
     if args.repeat > 1:
-        ratios = [warm["process exit"] / cold["process exit"] for cold, warm in pairs]
-        print(f"warm/cold per pair: {', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f} "
-              f"(median walls: cold {statistics.median(c['process exit'] for c, _ in pairs):.2f} s, "
-              f"warm {statistics.median(w['process exit'] for _, w in pairs):.2f} s; median first shard: warm "
-              f"{statistics.median(w['first shard committed'] for _, w in pairs):.2f} s)")
-
+        for kind in KINDS[1:]:
+            ratios = [run[kind]["process exit"] / run["cold"]["process exit"] for run in runs]
+            print(f"{kind}/cold per repeat: {', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f} "
+                  f"(median walls: cold {statistics.median(r['cold']['process exit'] for r in runs):.2f} s, {kind} "
+                  f"{statistics.median(r[kind]['process exit'] for r in runs):.2f} s; median first shard committed: {kind} "
+                  f"{statistics.median(r[kind]['first shard committed'] for r in runs):.2f} s)")
 
 if __name__ == "__main__":
     main()

@@ -62,7 +62,7 @@ def personas(
         if stack is not None:
             from cli.runtime.stack import join
 
-            join(stack)
+            join(stack, lambda line: console.print(line, highlight=False))
     try:
         frame, counts = make_personas(population, n, seed, warehouse, settings, actors)
         stored = warehouse.write_personas(population_id(population, n, seed, settings), frame) if warehouse else 0

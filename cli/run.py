@@ -66,7 +66,7 @@ def run(
     try:
         with kept_alive(lambda line: console.print(line, highlight=False)):
             if stack is not None:
-                join(stack)  # before warm_start, which would start a Ray of its own
+                join(stack, lambda line: console.print(line, highlight=False))  # before warm_start, which would start a Ray of its own
             warm_start(cfg)  # Ray, and the actors that load their model meanwhile
             api_answers()
             with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:

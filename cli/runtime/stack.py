@@ -37,6 +37,8 @@ __all__ = ["STACK_TAG", "Stack", "StackError", "down", "for_command", "read", "r
 
 #: The environment variable that marks every process of the stack.
 STACK_TAG = "KEYNES_STACK_TAG"
+#: The Ray namespace of the commands that join the stack (their kept actors are found in it).
+NAMESPACE = "keynes"
 #: ``KEYNES_WARM_STACK=off``: commands run as without a stack (their own Ray and Prefect API).
 OFF = "KEYNES_WARM_STACK"
 #: Seconds ``up`` waits for Ray's head and Prefect's server to answer.
@@ -306,19 +308,24 @@ def job_environment(stack: Stack) -> dict[str, str]:
         theirs = psutil.Process(int(stack.processes["raylet"][0])).environ()
     except (psutil.Error, KeyError):
         theirs = {}
+    # Not this command's mark either: kept actors outlive it, and its watchdog ends what carries it.
     return {k: v for k, v in os.environ.items()
-            if theirs.get(k) != v and not k.startswith("RAY_") and k != STACK_TAG}
+            if theirs.get(k) != v and not k.startswith("RAY_") and k not in (STACK_TAG, RUN_TAG)}
 
 
-def join(stack: Stack) -> None:
+def join(stack: Stack, say=print) -> None:
     """Point this process's Prefect at the stack's API (unless ``PREFECT_API_URL`` is set) and
-    connect to its Ray, with this command's environment for its workers."""
+    connect to its Ray, with this command's environment for its workers; the pools it starts are
+    kept in the stack for the next command (tasks/kept.py; ``say`` prints a line while it waits
+    for another command that uses them)."""
     os.environ.setdefault("PREFECT_API_URL", stack.prefect_url)
     os.environ["RAY_AUTH_MODE"] = stack.auth_mode
     if "prefect" in sys.modules:
         import prefect.context
 
         prefect.context.refresh_global_settings_context()
+    from tasks import kept
     from tasks.pool import ensure_ray
 
-    ensure_ray(stack.ray_address, runtime_env={"env_vars": job_environment(stack)})
+    ensure_ray(stack.ray_address, joining={"namespace": NAMESPACE, "runtime_env": {"env_vars": job_environment(stack)}})
+    kept.enable(record_path().with_suffix(".lock"), say)

@@ -1,6 +1,7 @@
 """The warm stack (cli/runtime/stack.py): `keynes up` starts a Ray head and a Prefect API that
-`keynes run` joins instead of starting its own, a killed run leaves it running, `keynes down` ends
-every process of it; a stale record or a stack of another keynes is reported in one line.
+`keynes run` joins instead of starting its own, keeping its actors for the next run (tasks/kept.py);
+a killed run leaves it running, `keynes down` ends every process of it; a stale record or a stack
+of another keynes is reported in one line.
 
 Real processes throughout: `keynes up`, `run` and `down` as subprocesses with a cache of their own
 (``KEYNES_CACHE``, where the record lives), the real Ray and Prefect server they start.
@@ -44,7 +45,10 @@ CLUSTER = """
 import json, sys, ray
 from ray._private import state
 ray.init(address=sys.argv[1], logging_level="ERROR")
-print(json.dumps({"nodes": sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]), "drivers": [j["DriverPid"] for j in state.jobs()]}))
+kept = {a["name"]: ray.get(ray.get_actor(a["name"], namespace=a["namespace"]).where.remote())["pid"]
+        for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("keynes-kept-")}
+print(json.dumps({"nodes": sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]), "drivers": [j["DriverPid"] for j in state.jobs()],
+                  "kept": kept}))
 """
 
 
@@ -98,20 +102,29 @@ def test_run_joins_the_warm_stack_survives_a_killed_run_and_down_leaves_nothing(
         # The run's driver was a job of the warm Ray, whose one node is the same as before.
         assert run.pid in after["drivers"] and after["nodes"] == before["nodes"] and len(after["nodes"]) == 1, (before, after)
         assert not stack.gone()
+        # Its actor was kept, and the same run again finds it (the same process) instead of starting one.
+        assert before["kept"] == {} and len(after["kept"]) == 1 and next(iter(after["kept"])).endswith("-1-0"), after
+        config.write_text(yaml.safe_dump({**TINY, "db": str(tmp_path / "again.duckdb")}))
+        again = keynes(user_env, "run", str(config))
+        assert again.returncode == 0 and "20 guesses written" in again.stderr, again.stderr[-3000:]
+        assert cluster(user_env, stack.ray_address)["kept"] == after["kept"]
 
         # A run killed mid-round: its watchdog ends what the run started, never the stack it joined.
         slow = tmp_path / "slow.yaml"
         slow.write_text(yaml.safe_dump({**SLOW, "db": str(tmp_path / "slow.duckdb")}))
         killed = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(slow)], cwd=REPO, env=user_env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: killed.poll() is not None or (tmp_path / "slow.duckdb").exists() and len(cluster(user_env, stack.ray_address)["drivers"]) > len(after["drivers"]),
-                 300, "the killed run to join the stack")
+        wait_for(lambda: killed.poll() is not None or cluster(user_env, stack.ray_address)["kept"].keys() - after["kept"].keys(),
+                 300, "the run to be killed to start its actor in the stack")
+        assert killed.poll() is None
         time.sleep(3)
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(10)
         wait_for(lambda: not list((tmp_path / "cache" / "runs").glob("*.json")), 60, "the killed run's watchdog to finish")
         assert not stack.gone(), "the stack ended with a run that joined it"
-        assert cluster(user_env, stack.ray_address)["nodes"] == before["nodes"]
+        now = cluster(user_env, stack.ray_address)
+        # Its own engine's pool (another latency: another spec) replaced the first one's.
+        assert now["nodes"] == before["nodes"] and len(now["kept"]) == 1 and now["kept"].keys() != after["kept"].keys(), now
 
         downed = keynes(user_env, "down", timeout=120)
         assert downed.returncode == 0, downed.stderr

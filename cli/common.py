@@ -7,6 +7,7 @@ Every command exits 2 with one clear line on bad input.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -117,8 +118,12 @@ def warm_stack(ray_address: str | None) -> Any:
     stack, line = for_command(ray_address)
     if line:
         console.print(line, highlight=False, soft_wrap=True)
-    if stack is not None:
-        os.environ.setdefault("PREFECT_API_URL", stack.prefect_url)
+    if stack is not None and "PREFECT_API_URL" not in os.environ:
+        os.environ["PREFECT_API_URL"] = stack.prefect_url
+        if "prefect" in sys.modules:  # imported already: its settings read again
+            import prefect.context
+
+            prefect.context.refresh_global_settings_context()
     return stack
 
 

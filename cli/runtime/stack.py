@@ -18,15 +18,19 @@ the machine does not find this Ray, and keynes joins it only by the address in i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import psutil
 
@@ -314,18 +318,54 @@ def job_environment(stack: Stack) -> dict[str, str]:
 
 
 def join(stack: Stack, say=print) -> None:
-    """Point this process's Prefect at the stack's API (unless ``PREFECT_API_URL`` is set) and
-    connect to its Ray, with this command's environment for its workers; the pools it starts are
+    """Connect to the stack's Ray, with this command's environment for its workers (its Prefect
+    API is the command's already: ``cli.common.warm_stack``); the pools it starts are
     kept in the stack for the next command (tasks/kept.py; ``say`` prints a line while it waits
     for another command that uses them)."""
-    os.environ.setdefault("PREFECT_API_URL", stack.prefect_url)
     os.environ["RAY_AUTH_MODE"] = stack.auth_mode
-    if "prefect" in sys.modules:
-        import prefect.context
-
-        prefect.context.refresh_global_settings_context()
     from tasks import kept
     from tasks.pool import ensure_ray
 
     ensure_ray(stack.ray_address, joining={"namespace": NAMESPACE, "runtime_env": {"env_vars": job_environment(stack)}})
     kept.enable(record_path().with_suffix(".lock"), say)
+
+
+def join_in_background(stack: Stack, say=print) -> Callable[[], None]:
+    """``join`` in a thread, while the command imports Prefect and its flow (seconds each, on
+    different cores). Returns ``wait``: blocks until joined, raising what the join raised."""
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with _quiet_thread_warning():
+                join(stack, say)
+        except BaseException as exc:  # handed to the caller by wait()
+            failed.append(exc)
+
+    thread = threading.Thread(target=work, name="keynes-join", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if failed:
+            raise failed[0]
+
+    return wait
+
+
+class _NotMainThread(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is not the main thread" not in record.getMessage()
+
+
+@contextmanager
+def _quiet_thread_warning() -> Iterator[None]:
+    """Without Ray's warning that ``ray.init`` in a thread sets no SIGTERM handler: the command's
+    own handlers stay, as ``ensure_ray`` keeps them in the main thread."""
+    ray_log = logging.getLogger("ray._private.worker")
+    quiet = _NotMainThread()
+    ray_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        ray_log.removeFilter(quiet)

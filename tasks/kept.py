@@ -7,6 +7,9 @@ loading a model again. At most one engine's pool is kept: before a pool starts, 
 other specs that this command does not use are killed (``evict``), so a stack holds the memory and
 CPUs of one engine at most, as a run does. ``keynes down`` ends them with the rest of the stack.
 
+A kept actor keeps the environment its command handed it (``KEYNES_CACHE``, an API key, ...): it
+is found only by a command with the same engine spec, actor count and environment.
+
 One command at a time uses the kept pools: the first pool a command starts takes a lease (a lock
 file beside the stack's record, released when the command exits), and a second command waits for
 it. Engines with shared rate limits (a hosted API's) are never kept: their limits belong to a run.
@@ -28,12 +31,18 @@ log = logging.getLogger(__name__)
 #: The names of kept actors start with it (then the spec's digest, the pool's size, the actor's index).
 PREFIX = "keynes-kept-"
 
+#: Variables of a shell that say nothing to an engine (where the command was typed, the terminal).
+SHELL = frozenset({"PWD", "OLDPWD", "_", "SHLVL", "COLUMNS", "LINES", "TERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "TERM_SESSION_ID"})
+
 _STATE: dict[str, Any] = {}
 
 
-def enable(lock: Path, say: Callable[[str], None]) -> None:
-    """Keep this command's pools in the stack; ``lock`` is the stack's lease file, ``say`` prints a line."""
-    _STATE.update(lock=lock, say=say, held=None)
+def enable(lock: Path, say: Callable[[str], None], environment: dict[str, str]) -> None:
+    """Keep this command's pools in the stack; ``lock`` is the stack's lease file, ``say`` prints a
+    line, ``environment`` is what the command hands its actors (a kept actor keeps the one it was
+    started with, so only a command with the same finds it)."""
+    settled = sorted((k, v) for k, v in environment.items() if k not in SHELL and not k.startswith("SSH_"))
+    _STATE.update(lock=lock, say=say, held=None, environment=hashlib.sha256(repr(settled).encode()).hexdigest())
 
 
 def enabled() -> bool:
@@ -46,8 +55,8 @@ def keeps(spec: Any) -> bool:
 
 
 def name(spec: Any, actors: int, index: int) -> str:
-    """The kept actor ``index`` of the pool of ``actors`` actors of ``spec``."""
-    return f"{PREFIX}{hashlib.sha256(spec.key.encode()).hexdigest()[:16]}-{actors}-{index}"
+    """The kept actor ``index`` of the pool of ``actors`` actors of ``spec`` (and this command's environment)."""
+    return f"{PREFIX}{hashlib.sha256((spec.key + _STATE['environment']).encode()).hexdigest()[:16]}-{actors}-{index}"
 
 
 def lease() -> None:

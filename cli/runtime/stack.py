@@ -326,8 +326,9 @@ def join(stack: Stack, say=print) -> None:
     from tasks import kept
     from tasks.pool import ensure_ray
 
-    ensure_ray(stack.ray_address, joining={"namespace": NAMESPACE, "runtime_env": {"env_vars": job_environment(stack)}})
-    kept.enable(record_path().with_suffix(".lock"), say)
+    environment = job_environment(stack)
+    ensure_ray(stack.ray_address, joining={"namespace": NAMESPACE, "runtime_env": {"env_vars": environment}})
+    kept.enable(record_path().with_suffix(".lock"), say, environment)
 
 
 def join_in_background(stack: Stack, say=print) -> Callable[[], None]:

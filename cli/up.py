@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -17,9 +18,11 @@ def up(
 
     Example: keynes up && keynes run experiments/quickstart.yaml && keynes down
     """
-    from cli.runtime.stack import StackError, down as stack_down, read, record_path, up as stack_up
+    from cli.runtime.stack import START_TIMEOUT_S, StackError, down as stack_down, read, record_path, up as stack_up
 
     stack = read()
+    if stack is not None and not stack.processes and time.time() - stack.created < START_TIMEOUT_S:
+        fail(f"another keynes up is starting the warm stack ({record_path()}); wait for it, or stop it: keynes down")
     if stack is not None:
         gone, foreign = stack.gone(), stack.foreign()
         if not gone and not foreign:

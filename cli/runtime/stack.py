@@ -293,6 +293,8 @@ def for_command(ray_address: str | None) -> tuple[Stack | None, str | None]:
         return None, (f"{path}: not a warm stack record this keynes can read; starting this run's own Ray "
                       "(keynes down removes it)") if path.exists() else None
     gone = stack.gone()
+    if not stack.processes and time.time() - stack.created < START_TIMEOUT_S:
+        return None, f"the warm stack in {path} is still starting (keynes up); starting this run's own Ray"
     if gone:
         return None, (f"the warm stack in {path} is stale ({', '.join(gone)} ended); starting this run's own Ray "
                       "(keynes down clears it, keynes up starts it again)")

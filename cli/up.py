@@ -38,7 +38,7 @@ def up(
         stack_down()
     console.print("starting a local Ray head and a Prefect API server (127.0.0.1 only)...", highlight=False)
     try:
-        stack = stack_up(num_cpus)
+        stack = stack_up(num_cpus, say=lambda line: console.print(line, highlight=False, soft_wrap=True))
     except StackError as exc:
         fail(str(exc))
     console.print(f"Ray: {stack.ray_address} ({stack.num_cpus} CPUs, Ray {stack.ray}; its files in {stack.ray_temp_dir})", highlight=False, soft_wrap=True)

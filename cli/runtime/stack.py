@@ -47,6 +47,8 @@ NAMESPACE = "keynes"
 OFF = "KEYNES_WARM_STACK"
 #: Seconds ``up`` waits for Ray's head and Prefect's server to answer.
 START_TIMEOUT_S = 180.0
+#: Starts of Ray's head ``up`` tries (on a busy machine its raylet can miss Ray's fixed 30 s).
+RAY_ATTEMPTS = 3
 #: The parts whose processes must all run for the stack to be up (the others are their helpers).
 ESSENTIAL = ("gcs_server", "raylet", "prefect")
 
@@ -190,33 +192,44 @@ def up(num_cpus: int | None = None, say=print) -> Stack:
     tag = f"{path}#{uuid.uuid4().hex[:12]}"
     env = _environment(tag)
     logs = Path(tempfile.mkdtemp(prefix="keynes-stack-"))  # short: Ray's socket paths must fit 107 characters
-    ray_dir, ray_port, api_port = logs / "ray", _free_port(), _free_port()
+    api_port = _free_port()
     cpus = num_cpus or os.cpu_count() or 2
-    ray_log, api_log = open(logs / "ray-start.log", "w"), open(logs / "prefect.log", "w")
-    ray_start = subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address", "127.0.0.1",
-         "--port", str(ray_port), "--num-cpus", str(cpus), "--object-store-memory", str(1 << 30),
-         "--include-dashboard", "false", "--dashboard-host", "127.0.0.1", "--temp-dir", str(ray_dir), "--disable-usage-stats",
-         # Ports Ray would take by default (10001, 52365): another Ray on the machine may hold them.
-         "--ray-client-server-port", str(_free_port()), "--dashboard-agent-listen-port", str(_free_port())],
-        env=env, stdin=subprocess.DEVNULL, stdout=ray_log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    api_log = open(logs / "prefect.log", "w")
     prefect = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(api_port)],
         env=env, stdin=subprocess.DEVNULL, stdout=api_log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    stack = Stack(tag=tag, ray_address=f"127.0.0.1:{ray_port}", prefect_url=f"http://127.0.0.1:{api_port}/api",
-                  ray_temp_dir=str(ray_dir), auth_mode=env["RAY_AUTH_MODE"], num_cpus=cpus, logs=str(logs), **identity())
+    stack = Stack(tag=tag, ray_address="", prefect_url=f"http://127.0.0.1:{api_port}/api", ray_temp_dir="",
+                  auth_mode=env["RAY_AUTH_MODE"], num_cpus=cpus, logs=str(logs), **identity())
     _write(stack, path)  # from now on `keynes down` finds it, even if this command is killed
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        try:
-            code = ray_start.wait(timeout=START_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise StackError(f"Ray's head did not start within {START_TIMEOUT_S:g} s (its output: {logs / 'ray-start.log'})") from None
-        if code != 0:
-            raise StackError(f"Ray's head did not start: `ray start` exited {code}: {_last_line(logs / 'ray-start.log')} "
-                             f"(its output: {logs / 'ray-start.log'})")
+        deadline = time.monotonic() + START_TIMEOUT_S * RAY_ATTEMPTS
+        for attempt in range(1, RAY_ATTEMPTS + 1):
+            ray_port, ray_dir, ray_output = _free_port(), logs / f"ray-{attempt}", logs / f"ray-start-{attempt}.log"
+            stack.ray_address, stack.ray_temp_dir = f"127.0.0.1:{ray_port}", str(ray_dir)
+            _write(stack, path)
+            with open(ray_output, "w") as output:
+                ray_start = subprocess.Popen(
+                    [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address", "127.0.0.1",
+                     "--port", str(ray_port), "--num-cpus", str(cpus), "--object-store-memory", str(1 << 30),
+                     "--include-dashboard", "false", "--dashboard-host", "127.0.0.1", "--temp-dir", str(ray_dir), "--disable-usage-stats",
+                     # Ports Ray would take by default (10001, 52365): another Ray on the machine may hold them.
+                     "--ray-client-server-port", str(_free_port()), "--dashboard-agent-listen-port", str(_free_port())],
+                    env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            try:
+                code = ray_start.wait(timeout=START_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise StackError(f"Ray's head did not start within {START_TIMEOUT_S:g} s (its output: {ray_output})") from None
+            if code == 0:
+                break
+            # Ray gives its raylet a fixed 30 s to register: a busy machine misses it. What it
+            # started is ended, and it starts again, on other ports.
+            if attempt < RAY_ATTEMPTS and "timed out during startup" in _last_line(ray_output):
+                say(f"Ray's head did not start in time ({_last_line(ray_output)[:60]}...): a busy machine; trying again")
+                end([p for p in marked(tag) if not _within(p, prefect.pid)])
+                continue
+            raise StackError(f"Ray's head did not start: `ray start` exited {code}: {_last_line(ray_output)} (its output: {ray_output})")
         with httpx.Client() as client:
             while True:
                 if prefect.poll() is not None:
@@ -238,8 +251,15 @@ def up(num_cpus: int | None = None, say=print) -> Stack:
         down(path, quiet=True, keep_logs=True)  # what started is ended; the output stays for the message
         raise
     finally:
-        ray_log.close()
         api_log.close()
+
+
+def _within(proc: psutil.Process, root: int) -> bool:
+    """Whether ``proc`` is the process ``root`` or one of its descendants."""
+    try:
+        return proc.pid == root or any(parent.pid == root for parent in proc.parents())
+    except psutil.Error:
+        return False
 
 
 def _last_line(log: Path) -> str:

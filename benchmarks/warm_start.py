@@ -54,11 +54,14 @@ KINDS = ("cold", "warm", "again")
 
 
 def print_runs(title: str, timelines: dict[str, dict[str, float]]) -> None:
-    """A repeat's runs side by side, then each warm run's wall over the cold one's."""
+    """A repeat's runs side by side, then each warm run's wall over the cold one's (a cold run that
+    failed every time: its column says so, and no ratio)."""
     print(title)
-    print(f"  {'seconds after the command starts':34s}" + "".join(f"{kind:>11s}" for kind in timelines))
+    print(f"  {'seconds after the command starts':34s}" + "".join(f"{kind:>11s}" for kind in KINDS))
     for point in POINTS:
-        print(f"  {point:34s}" + "".join(f"{timeline[point]:11.2f}" for timeline in timelines.values()))
+        print(f"  {point:34s}" + "".join(f"{timelines[kind][point]:11.2f}" if kind in timelines else f"{'failed':>11s}" for kind in KINDS))
+    if "cold" not in timelines:
+        return
     cold = timelines["cold"]["process exit"]
     for kind in KINDS[1:]:
         wall = timelines[kind]["process exit"]
@@ -100,11 +103,14 @@ def main() -> None:
                                                                      output=output)
                             break
                         except SystemExit as exc:  # run_once's one line: the command failed
-                            if attempt == ATTEMPTS or RAY_TIMED_OUT not in str(exc):
+                            if RAY_TIMED_OUT not in str(exc):
                                 raise
-                            print(f"the {kind} run failed: its local Ray did not start in time (a busy machine); running it again")
+                            print(f"the {kind} run failed: its local Ray did not start in time (a busy machine)"
+                                  + ("; running it again" if attempt < ATTEMPTS else f", {ATTEMPTS} times: no figures for it"))
                             for stale in folder.iterdir():
                                 stale.unlink()
+                    if kind not in timelines:
+                        continue
                     joined = any(JOINED in text for _, text in output)
                     if joined != (kind != "cold"):
                         sys.exit(f"the {kind} run {'joined' if joined else 'did not join'} the warm stack:\n"
@@ -115,7 +121,8 @@ def main() -> None:
                     print_phases(kind, phases[kind])
         finally:
             print(f"keynes down: {keynes('down', env=env):.1f} s")
-    if args.repeat > 1:
+    runs = [run for run in runs if "cold" in run]
+    if len(runs) > 1:
         for kind in KINDS[1:]:
             ratios = [run[kind]["process exit"] / run["cold"]["process exit"] for run in runs]
             print(f"{kind}/cold per repeat: {', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f} "

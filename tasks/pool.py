@@ -170,7 +170,7 @@ class WorkerPool:
         # actor handle among their constructor's arguments would make Ray keep those in its
         # object store, where a restart may not find them).
         self.board = (self.names[0] or f"keynes-answers-{uuid.uuid4().hex[:12]}") if actors > 1 else None
-        first = AgentWorker.options(**options, **({"name": self.board} if self.board else names[0])).remote(spec, 0, actors)
+        first = AgentWorker.options(**options, **(names[0] if self.kept else {"name": self.board} if self.board else {})).remote(spec, 0, actors)
         self.actors = [first, *(AgentWorker.options(**options, **names[i]).remote(spec, i, actors, self.board) for i in range(1, actors))]
         mark(f"pool: {actors} actor(s) requested{' (kept warm)' if self.kept else ''}")
 

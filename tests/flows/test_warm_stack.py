@@ -45,8 +45,13 @@ CLUSTER = """
 import json, sys, ray
 from ray._private import state
 ray.init(address=sys.argv[1], logging_level="ERROR")
-kept = {a["name"]: ray.get(ray.get_actor(a["name"], namespace=a["namespace"]).where.remote())["pid"]
-        for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("keynes-kept-")}
+kept = {}
+for a in ray.util.list_named_actors(all_namespaces=True):
+    if a["name"].startswith("keynes-kept-"):
+        try:
+            kept[a["name"]] = ray.get(ray.get_actor(a["name"], namespace=a["namespace"]).where.remote())["pid"]
+        except (ValueError, ray.exceptions.RayActorError):  # being ended as we look (another engine's pool)
+            continue
 print(json.dumps({"nodes": sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]), "drivers": [j["DriverPid"] for j in state.jobs()],
                   "kept": kept}))
 """

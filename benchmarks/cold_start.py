@@ -83,19 +83,21 @@ def _read(stream, lines: list[tuple[float, str]]) -> None:
 
 
 def run_once(engine: str, agents: int, folder: Path, prefect_home: Path, source: Path | None,
-             shard_size: int = 1000) -> tuple[dict[str, float], list[tuple[float, str]]]:
-    """One cold ``keynes run`` (of the checkout ``source``, if given): its timeline (seconds after
-    the command started) and its phases."""
+             shard_size: int = 1000, extra_env: dict[str, str] | None = None,
+             output: list[tuple[float, str]] | None = None) -> tuple[dict[str, float], list[tuple[float, str]]]:
+    """One cold ``keynes run`` (of the checkout ``source``, if given; ``extra_env`` added to its
+    environment): its timeline (seconds after the command started) and its phases. ``output``,
+    if given, receives every line the command printed."""
     config, db = folder / f"{engine}.yaml", folder / f"{engine}.duckdb"
     write_config(config, engine, agents, shard_size)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
     # RAY_DEDUP_LOGS=0: Ray would fold the actors' timing lines, alike but for their numbers, into one.
-    env.update(PREFECT_HOME=str(prefect_home), RAY_DEDUP_LOGS="0", **{TIMINGS_ENV: "1"})
+    env.update(PREFECT_HOME=str(prefect_home), RAY_DEDUP_LOGS="0", **{TIMINGS_ENV: "1"}, **(extra_env or {}))
     command = keynes_command()
     if source is not None:  # ahead of the installed (editable) keynes, for this process and its Ray workers
         env["PYTHONPATH"] = os.pathsep.join([str(source.resolve())] + [p for p in [env.get("PYTHONPATH")] if p])
         command = [sys.executable, "-m", "cli.app"]
-    lines: list[tuple[float, str]] = []
+    lines: list[tuple[float, str]] = output if output is not None else []
     start = time.time()
     process = subprocess.Popen(command + ["run", str(config), "--db", str(db)], cwd=folder, env=env,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -164,7 +166,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeat < 1 or args.agents < 1:
         parser.error("--repeat and --agents: at least 1")
-    if args.source is not None and not (args.source / "flows" / "cli.py").is_file():
+    if args.source is not None and not (args.source / "cli" / "app.py").is_file():
         parser.error(f"--source: {str(args.source)!r} is not a keynes checkout (no cli/app.py)")
     keynes = f"python -m cli.app from {args.source}" if args.source else " ".join(keynes_command())
     print(f"cold start: keynes run, {args.agents:,} agents of education.yaml, round 1, basic prompt, 2 actors, shards of {args.shard_size:,}, "

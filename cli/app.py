@@ -10,7 +10,7 @@ import gc
 
 import typer
 
-from cli import bench, export, models, personas, plan, reference, report, run, serve, sql
+from cli import bench, down, export, models, personas, plan, reference, report, run, serve, sql, up
 from cli.common import main_options
 from tasks.timings import mark
 
@@ -19,6 +19,8 @@ app.callback()(main_options)
 app.command()(run.run)
 app.command()(plan.plan)
 app.command()(serve.serve)
+app.command("up")(up.up)
+app.command("down")(down.down)
 app.command()(sql.sql)
 app.command()(personas.personas)
 app.command()(report.report)

@@ -7,6 +7,7 @@ Every command exits 2 with one clear line on bad input.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -105,6 +106,25 @@ def call_flow(flow: Any, *args: Any, attempts: int = 3) -> Any:
                 raise
             console.print("Prefect's temporary API answers again; starting the flow again", highlight=False)
     raise AssertionError("unreachable")
+
+
+def warm_stack(ray_address: str | None) -> Any:
+    """The warm stack (``keynes up``) a command that starts Ray joins, if it is up and this keynes
+    may join it (not when the config names a cluster, ``workers.ray_address``); one line says
+    which, or why not. Its Prefect API serves this process from now on (unless
+    ``PREFECT_API_URL`` is set): call it before anything imports Prefect's settings."""
+    from cli.runtime.stack import for_command
+
+    stack, line = for_command(ray_address)
+    if line:
+        console.print(line, highlight=False, soft_wrap=True)
+    if stack is not None and "PREFECT_API_URL" not in os.environ:
+        os.environ["PREFECT_API_URL"] = stack.prefect_url
+        if "prefect" in sys.modules:  # imported already: its settings read again
+            import prefect.context
+
+            prefect.context.refresh_global_settings_context()
+    return stack
 
 
 def report_login(host: str, credentials: Path | None, public: bool, prefix: str = "") -> str | dict[str, str] | None:

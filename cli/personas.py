@@ -55,6 +55,14 @@ def personas(
             option = "--max-tokens" if error["loc"] and error["loc"][0] == "max_tokens" else "--engine"
             fail(f"{option}: {error['msg'].removeprefix('Value error, ')}")
     warehouse = Warehouse(db) if db is not None else None
+    if backstories:  # written on Ray actors: `keynes up`'s Ray, if it runs
+        from cli.common import warm_stack
+
+        stack = warm_stack(None)
+        if stack is not None:
+            from cli.runtime.stack import join
+
+            join(stack, lambda line: console.print(line, highlight=False))
     try:
         frame, counts = make_personas(population, n, seed, warehouse, settings, actors)
         stored = warehouse.write_personas(population_id(population, n, seed, settings), frame) if warehouse else 0

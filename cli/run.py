@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from cli.common import START_A_SERVER, STARTUP_TIMEOUT, RichReporter, bold, call_flow, console, fail
+from cli.common import START_A_SERVER, STARTUP_TIMEOUT, RichReporter, bold, call_flow, console, fail, warm_stack
 from tasks.timings import mark
 
 
@@ -38,6 +39,7 @@ def run(
 
     for line in guard("keynes run"):  # what a killed earlier run left behind
         console.print(line, highlight=False)
+    stack = warm_stack(cfg.workers.ray_address)  # `keynes up`'s Ray and Prefect API, if they run
     from design.prompting import check_prompting
 
     try:  # a model that cannot be prompted as configured (chat without a template) starts nothing
@@ -52,17 +54,25 @@ def run(
                        f"{len(cfg.arms_list())} arm(s) → {cfg.db}"), highlight=False,
     )
     mark("cli: header")
+    # A caller's own Ray (keynes run called in-process) stays up.
+    ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    from cli.runtime.stack import join_in_background
+
+    joined = join_in_background(stack, lambda line: console.print(line, highlight=False)) if stack is not None else None
     from cli.runtime.temporary_api import TemporaryAPIError, kept_alive, start_in_background
 
     api_answers = start_in_background()  # Prefect's temporary API starts while Ray and the actors do
-    import ray
-
     from flows.experiment import experiment, warm_start
     from tasks.pool import shutdown_pools, stop_ray
 
-    ray_was_up = ray.is_initialized()  # a caller's own Ray (keynes run called in-process) stays up
     try:
         with kept_alive(lambda line: console.print(line, highlight=False)):
+            if joined is not None:
+                try:  # the warm stack's Ray (joined while Prefect and the flow imported), before warm_start would start one
+                    joined()
+                except Exception as exc:
+                    fail(f"could not join the warm stack's Ray at {stack.ray_address} ({str(exc).strip()}); nothing was run. "
+                         "Restart it (keynes down, keynes up) or run without it (KEYNES_WARM_STACK=off)")
             warm_start(cfg)  # Ray, and the actors that load their model meanwhile
             api_answers()
             with Progress(*columns, console=console, transient=False, disable=not console.is_terminal and os.environ.get("KEYNES_PROGRESS") != "1") as bar:

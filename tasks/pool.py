@@ -25,6 +25,7 @@ from design.arms import Arm
 from engines import EngineSpec
 from engines.mixture import MixtureSpec
 from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
+from tasks import kept
 from tasks.limits import ensure_shared
 from tasks.ray_internals import monitor_processes, sigterm_handler_kept
 from tasks.timings import mark
@@ -76,10 +77,13 @@ def _signals_deferred() -> Iterator[None]:
             os.kill(os.getpid(), signum)
 
 
-def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
+def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: int | None = None,
+               joining: dict[str, Any] | None = None) -> dict[str, Any]:
     """Join a Ray cluster (``address``) or start a local Ray; idempotent.
 
     Returns what is known of the cluster: ``address`` and ``dashboard_url`` (or None).
+    ``joining``: further ``ray.init`` arguments (a warm stack's: its job's namespace, and the
+    command's environment for its workers: cli/runtime/stack.py).
     A local Ray gets the machine's CPU count unless ``num_cpus`` says otherwise, and listens
     on 127.0.0.1 only: its node address is loopback when ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
     was set before Ray was imported (``cli.runtime.settings.apply`` sets it); otherwise a warning
@@ -90,6 +94,7 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
         # needs none (set RAY_AUTH_MODE yourself to keep it).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "logging_level": logging.WARNING}
+        kwargs.update(joining or {})
         if address:
             kwargs["address"] = address
         else:
@@ -143,14 +148,23 @@ class WorkerPool:
             "scheduling_strategy": "SPREAD",
         }
         ensure_shared(spec)  # an engine's rate limits, shared by its actors, belong to this driver
+        # In a warm stack the pool is kept for the next command, its actors named after the spec
+        # (tasks/kept.py); a kept pool of the same name is found instead of started.
+        self.kept = kept.keeps(spec)
+        names: list[dict[str, Any]] = [{} for _ in range(actors)]
+        if self.kept:
+            kept.lease()
+            names = [{"name": kept.name(spec, actors, i), "lifetime": "detached", "get_if_exists": True} for i in range(actors)]
+            kept.evict({n["name"] for n in names} | {a for pool in _POOLS.values() for a in pool.names})
+        self.names = [n.get("name") for n in names]
         # The first actor holds the pool's answer board (engines.shared_context.board): each distinct prompt's
         # distribution is computed by one actor of the pool. The others find it by its name (an
         # actor handle among their constructor's arguments would make Ray keep those in its
         # object store, where a restart may not find them).
-        self.board = f"keynes-answers-{uuid.uuid4().hex[:12]}" if actors > 1 else None
-        first = AgentWorker.options(**options, **({"name": self.board} if self.board else {})).remote(spec, 0, actors)
-        self.actors = [first, *(AgentWorker.options(**options).remote(spec, i, actors, self.board) for i in range(1, actors))]
-        mark(f"pool: {actors} actor(s) requested")
+        self.board = (self.names[0] or f"keynes-answers-{uuid.uuid4().hex[:12]}") if actors > 1 else None
+        first = AgentWorker.options(**options, **(names[0] if self.kept else {"name": self.board} if self.board else {})).remote(spec, 0, actors)
+        self.actors = [first, *(AgentWorker.options(**options, **names[i]).remote(spec, i, actors, self.board) for i in range(1, actors))]
+        mark(f"pool: {actors} actor(s) requested{' (kept warm)' if self.kept else ''}")
 
     def answer_ahead(self, job: ShardJob) -> None:
         """Have every actor answer ``job`` before its next shard, for the answer distributions its
@@ -164,7 +178,11 @@ class WorkerPool:
         run_pools([(self, jobs)], on_done, method)
 
     def shutdown(self, close_timeout_s: float = 10.0) -> None:
-        """Close every actor's engine (briefly: a hung engine does not hold up the run), then kill it."""
+        """Close every actor's engine (briefly: a hung engine does not hold up the run), then kill it.
+        A kept pool is left running, its model loaded, for the next command (tasks/kept.py)."""
+        if self.kept:
+            self.actors = []
+            return
         try:
             ray.get([actor.close.remote() for actor in self.actors], timeout=close_timeout_s)
         except Exception as exc:  # a dead or hung actor is killed all the same

@@ -31,7 +31,7 @@ from core.game import history_row
 from design.arms import Arm
 from design.config import ExperimentConfig
 from design.seen import seen
-from design.shards import shard_size
+from design.shards import pool_size, shard_size
 from engines import EngineSpec
 from engines.mixture import MixtureSpec
 from populations.sampler import sample
@@ -256,7 +256,7 @@ def with_shards(seconds: float, cfg, n: int, rounds: int, cal: Calibration) -> f
     visits (what is stored before it plays, its guesses after), each about a commit (opening the
     file is most of one)."""
     shards = math.ceil(n / shard_size(cfg))
-    actors = max(1, min(cfg.workers.actors, shards))
+    actors = pool_size(n, cfg.workers.actors, shard_size(cfg))
     driver = rounds * math.ceil(shards / actors) * cal.commit_s
     return max(seconds + rounds * shards * cal.shard_s / actors, driver) + rounds * 3 * cal.commit_s
 
@@ -464,7 +464,7 @@ def _shared_seconds(cfg, n: int, work: list[SharedRound], cal: Calibration) -> f
     (or its prompts at its seconds a prompt, on an engine that does not count tokens), plus every
     agent's own part (drawing, parsing: ``Calibration.bookkeeping``), shared out over the actors
     (each distinct prompt is computed once for the pool)."""
-    actors = max(1, min(cfg.workers.actors, math.ceil(n / shard_size(cfg))))
+    actors = pool_size(n, cfg.workers.actors, shard_size(cfg))
     agents = n * len(work) * cal.bookkeeping
     if cal.tokens_evaluated:
         return (sum(w.tokens for w in work) * cal.seconds / cal.tokens_evaluated + agents) / actors

@@ -73,3 +73,8 @@ def sized(cfg, recorded: int | None = None):
     if size == cfg.workers.shard_size:
         return cfg
     return cfg.model_copy(update={"workers": cfg.workers.model_copy(update={"shard_size": size})})
+
+
+def pool_size(agents: int, actors: int, shard_size: int) -> int:
+    """A plain engine's actors for a population: ``actors``, but no more than it has shards (at least one)."""
+    return max(1, min(actors, -(-agents // shard_size)))

@@ -279,6 +279,11 @@ class EngineBase:
     def reason_and_answer(self, free: RequestBatch, answer: RequestBatch, cue: str) -> tuple[CompletionBatch, CompletionBatch]:
         return two_phases(self, free, answer, cue)  # type: ignore[arg-type]
 
+    def in_chat(self, batch: RequestBatch) -> bool:
+        """Whether this engine renders ``batch`` as a chat: its format is chat and the batch carries
+        the assistant's openings (``prompts/chat.py`` split each prompt)."""
+        return batch.opening is not None and self.prompt_format == "chat"
+
     def share_answers(self, board: Board, owner: int, peers: int) -> None:
         """Engines that compute every prompt themselves ignore a pool's board."""
 

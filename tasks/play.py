@@ -21,13 +21,14 @@ from prefect.cache_policies import NONE
 
 from design.arms import Arm
 from design.seen import seen
+from design.shards import pool_size
 from engines import Constraint, EngineSpec
 from engines.mixture import MixtureSpec, shard_index
 from engines.shared_context import applies
 from prompts.context import prompt_columns
 from tasks import progress
 from tasks.actor import ShardJob, ShardResult
-from tasks.pool import check_resources, pool_for, pool_size, run_pools
+from tasks.pool import check_resources, pool_for, run_pools
 from tasks.retries import ON_TRANSIENT_ERRORS
 from tasks.store import Warehouse, commit_shards, stored_round
 

@@ -22,10 +22,11 @@ from typing import Any, Callable, Iterator
 import ray
 
 from design.arms import Arm
+from design.shards import pool_size
 from engines import EngineSpec
 from engines.mixture import MixtureSpec
-from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
 from tasks import kept
+from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
 from tasks.limits import ensure_shared
 from tasks.ray_internals import monitor_processes, sigterm_handler_kept
 from tasks.timings import mark
@@ -253,11 +254,6 @@ def warm_pool(arm: Arm, agents: int, actors: int, shard_size: int) -> None:
     if isinstance(arm.engine, MixtureSpec) or agents <= 0:
         return
     pool_for(arm.engine, pool_size(agents, actors, shard_size))
-
-
-def pool_size(agents: int, actors: int, shard_size: int) -> int:
-    """A plain engine's actors for a population: ``actors``, but no more than it has shards."""
-    return min(actors, -(-agents // shard_size))
 
 
 def shutdown_pools() -> None:

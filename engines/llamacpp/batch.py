@@ -29,7 +29,17 @@ import numpy as np
 from engines import Completion, CompletionBatch, Constraint, Sampling
 from engines.llamacpp.blocks import BLOCK, common_prefix, prompt_blocks, resume_point
 from engines.llamacpp.head import HeadRow, HiddenStates, OutputHead
-from engines.llamacpp.internals import close_context, completion_sampler, context_handle, context_memory, new_context, sampler_handle, vocab
+from engines.llamacpp.internals import (
+    close_context,
+    completion_sampler,
+    context_handle,
+    context_memory,
+    error_text,
+    new_context,
+    sampler_handle,
+    too_long,
+    vocab,
+)
 from engines.shared_context import AnswerTree, Chain, Distribution, Node, Walker, context_hash
 
 #: Slots of the default engine. A step decodes one token for every slot, busy or not, so a shard
@@ -277,7 +287,7 @@ class _Run:
         for i in sorted(range(n), key=lambda i: prompts[i]):
             room = seq.n_ctx - len(prompts[i])
             if room <= 0:
-                self.free[i] = Completion("", error=f"llama.cpp: ValueError: Requested tokens ({len(prompts[i])}) exceed context window of {seq.n_ctx}")
+                self.free[i] = Completion("", error=error_text(too_long(len(prompts[i]), seq.n_ctx)))
                 self.answers[i] = Completion("", error=self.free[i].error)
             else:
                 self.queue.append(_Agent(i, list(prompts[i]), int(seeds[i]), min(sampling.max_tokens, room)))
@@ -365,7 +375,7 @@ class _Run:
         self.contexts[agent.index] = context_hash(prompt, then.chain, then.constraint.low, then.constraint.high, then.constraint.integer,
                                                   then.tree.max_tokens)
         if len(agent.answer) + then.tree.max_tokens >= n_ctx:
-            self.answers[agent.index] = Completion("", error=f"llama.cpp: ValueError: Requested tokens ({len(agent.answer)}) exceed context window of {n_ctx}")
+            self.answers[agent.index] = Completion("", error=error_text(too_long(len(agent.answer), n_ctx)))
             self.live[slot] = None
             return
         agent.walker = Walker(then.tree, then.chain)

@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 
 from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Prompting, Request, RequestBatch, register, two_phases
 from engines.llamacpp.batch import SLOTS, Sequences, Then
-from engines.llamacpp.internals import fixed_seed, quiet, silenced, token_text
+from engines.llamacpp.internals import error_text, fixed_seed, quiet, silenced, token_text
 from engines.llamacpp.shared_context import LlamaCppSharedContext, prompt_tokens
 from engines.models import DEFAULT_MODEL, MODELS, gguf_path, is_path, prompt_format, unknown_model
 from engines.shared_context import Chain, applies
@@ -237,7 +237,7 @@ class LlamaCppEngine(EngineBase):
         answer distribution of each distinct prompt, drawn per agent; free-text batches decode
         ``sequences`` agents at a time (``engines.llamacpp.batch``).
         """
-        chat = batch.opening is not None and self.prompt_format == "chat"
+        chat = self.in_chat(batch)
         if chat:
             texts = self.chat_template.render_all(batch.prompt, batch.opening)  # type: ignore[union-attr]
             batch = replace(batch, prompt=texts)
@@ -255,7 +255,7 @@ class LlamaCppEngine(EngineBase):
         exact distribution, drawn with its seed), without evaluating the prompt again."""
         if not (self._batched and applies(answer.constraint) and len(free)):
             return two_phases(self, free, answer, cue)
-        chat = free.opening is not None and self.prompt_format == "chat"
+        chat = self.in_chat(free)
         rendered = self.chat_template.render_all(free.prompt, free.opening) if chat else free.prompt  # type: ignore[union-attr]
         tokens = [prompt_tokens(self.llm, p, add_bos=not chat) for p in rendered]
 
@@ -315,7 +315,7 @@ class LlamaCppEngine(EngineBase):
                 stop=list(self.spec.stop) if grammar is None else [],
             )
         except Exception as exc:  # e.g. a prompt longer than the context: this agent only
-            return Completion("", latency_s=time.perf_counter() - start, error=f"llama.cpp: {type(exc).__name__}: {exc}")
+            return Completion("", latency_s=time.perf_counter() - start, error=error_text(exc))
         latency = time.perf_counter() - start
         text = out["choices"][0]["text"]
         usage = out.get("usage") or {}

@@ -131,3 +131,15 @@ def completion_sampler(llm: Any, seed: int, top_k: int, top_p: float, min_p: flo
 def sampler_handle(sampler: Any) -> Any:
     """The C ``llama_sampler`` of a chain ``completion_sampler`` made, for ``llama_sampler_apply``."""
     return sampler.sampler
+
+
+# -------------------------------------------------- errors as llama-cpp-python words them
+def too_long(tokens: int, n_ctx: int) -> ValueError:
+    """The error ``create_completion`` raises for a prompt of ``tokens`` past a context of
+    ``n_ctx``: the exact paths give the same one for the same prompt."""
+    return ValueError(f"Requested tokens ({tokens}) exceed context window of {n_ctx}")
+
+
+def error_text(exc: BaseException) -> str:
+    """How a completion stores what prevented it: ``llama.cpp: ValueError: …``."""
+    return f"llama.cpp: {type(exc).__name__}: {exc}"

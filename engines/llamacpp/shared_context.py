@@ -24,9 +24,21 @@ from engines import CompletionBatch, RequestBatch
 from engines.llamacpp.batch import Sequences
 from engines.llamacpp.blocks import common_prefix, prompt_blocks, resume_point
 from engines.llamacpp.head import OutputHead
-from engines.llamacpp.internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, eval_without_logits, last_logits, vocab
+from engines.llamacpp.internals import adds_bos, adds_eos, cached_tokens, drop_cache_from, eval_without_logits, last_logits, too_long, vocab
 from engines.models import cache_dir
-from engines.shared_context import ANSWER_CHARS, AnswerTree, AnswerTrees, AnswerVocab, Chain, Distribution, Node, NodeRequest, SharedContextAnswers, Walker, walk
+from engines.shared_context import (
+    ANSWER_CHARS,
+    AnswerTree,
+    AnswerTrees,
+    AnswerVocab,
+    Chain,
+    Distribution,
+    Node,
+    NodeRequest,
+    SharedContextAnswers,
+    Walker,
+    walk,
+)
 from engines.shared_context.board import Claims
 
 #: Answer-tree nodes decoded together, each in its own KV stream. Measured on Gemma 3 270M, one
@@ -215,7 +227,7 @@ class LlamaCppSharedContext:
         are None."""
         tokens = [self.prompt_tokens(p, add_bos) for p in prompts]
         out: list[tuple[Distribution, int] | Exception | None] = [
-            ValueError(f"Requested tokens ({len(t)}) exceed context window of {self.llm.n_ctx()}") for t in tokens]
+            too_long(len(t), self.llm.n_ctx()) for t in tokens]
         fits = sorted((i for i, t in enumerate(tokens) if len(t) + tree.max_tokens < self.llm.n_ctx()), key=lambda i: tokens[i])
         queue = claims.order(fits) if claims is not None else list(fits)
         for i in fits:

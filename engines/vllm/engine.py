@@ -188,7 +188,7 @@ class VllmEngine(EngineBase):
         and no text; the rest of the batch is still answered.
         """
         n = len(batch)
-        chat = batch.opening is not None and self.prompt_format == "chat"
+        chat = self.in_chat(batch)
         if self.spec.shared_context and applies(batch.constraint) and n:
             from engines.vllm.shared_context import VllmSharedContext
 

@@ -152,3 +152,14 @@ def test_the_quiet_contexts_silence_llama_cpps_stderr_and_reraise(gguf, capfd):
     assert (quiet.out, quiet.err) == ("", ""), quiet
     with pytest.raises(ValueError), internals.quiet():
         raise ValueError("a load error still raises")
+
+
+def test_a_prompt_past_the_context_is_refused_as_the_exact_paths_say(llm):
+    """The exact paths store the error ``create_completion`` raises for a prompt longer than the
+    context (``internals.too_long``), word for word, so an agent's error does not depend on the path."""
+    prompt = "1 2 3 " * llm.n_ctx()
+    tokens = len(llm.tokenize(prompt.encode(), special=True))
+    with pytest.raises(ValueError) as raised:
+        llm.create_completion(prompt, max_tokens=1)
+    assert str(raised.value) == str(internals.too_long(tokens, llm.n_ctx()))
+    assert internals.error_text(raised.value) == f"llama.cpp: ValueError: {raised.value}"

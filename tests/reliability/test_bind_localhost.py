@@ -59,14 +59,16 @@ def label(proc: psutil.Process) -> str:
     return proc.name()
 
 
-def started_by(run: psutil.Process, mark: str) -> list[psutil.Process]:
-    """The run, its descendants, and the processes carrying its ``mark`` (reparented Ray agents)."""
+def started_by(run: psutil.Process, mark: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """The run, its descendants, and the processes carrying its ``mark`` (reparented Ray agents);
+    and those carrying the mark (its watchdog among them: none would mean a mark that is not the run's)."""
     procs = {run.pid: run}
     try:
         procs |= {p.pid: p for p in run.children(recursive=True)}
     except psutil.NoSuchProcess:
         pass
-    return list((procs | {p.pid: p for p in marked(mark, set(procs))}).values())
+    carriers = marked(mark, {run.pid})  # one look at every process's environment per call
+    return list((procs | {p.pid: p for p in carriers}).values()), carriers
 
 
 def listening(procs: list[psutil.Process]) -> set[tuple[str, int, str]]:
@@ -107,8 +109,8 @@ def test_every_server_a_keynes_run_starts_listens_on_localhost_only(tmp_path, pr
     try:
         deadline, enough = time.monotonic() + 300, None
         while run.poll() is None and time.monotonic() < (enough or deadline):
-            procs = started_by(parent, mark)
-            carriers |= {p.pid for p in marked(mark, {run.pid})}
+            procs, carrying = started_by(parent, mark)
+            carriers |= {p.pid for p in carrying}
             seen |= listening(procs)
             if enough is None and not missing(seen):
                 enough = time.monotonic() + 1.0  # a little longer, for any server that starts last

@@ -147,8 +147,11 @@ class Sequences:
         self._held, self._held_logits = [], None
         while run.queue or any(run.live):
             run.admit()
-            if not any(run.live):
+            if not run.queue and not any(run.live):
                 break
+            # Every agent admitted may have ended at its first token (max_tokens 1, an end of
+            # generation) while the next waits for the source stream: a step of idle slots then
+            # makes the pending copies, and the next admit goes on.
             run.step()
         return Outcome(run.free, None if then is None else self._answers(run.answers, run.contexts, run.dists))  # type: ignore[arg-type]
 

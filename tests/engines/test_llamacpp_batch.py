@@ -97,6 +97,10 @@ def test_free_text_starts_and_ends_as_create_completion_does(engine):
     same = [i for i in range(len(rows)) if out.text[i] == rows[i][0]]
     print(f"whole texts identical to create_completion's: {len(same)} of {len(rows)}")
     assert all(out.completion_tokens[i] == rows[i][2] for i in same)
+    # Texts of one token are their first token, drawn from bit-for-bit equal logits: every one of
+    # them is create_completion's, counted the same (N identical texts, by construction).
+    one = engine.generate(batches(list(range(N)), reasoning_tokens=1)[0])
+    assert [(t, 1) for t in first] == list(zip(one.text, one.completion_tokens.tolist())), (first, one.text)
 
 
 def test_each_answer_is_drawn_from_its_own_exact_distribution(engine, whole):
@@ -130,7 +134,7 @@ def test_one_slot_without_room_for_the_prompt_fails_that_agent_only(gguf):
         long = [free.prompt[0], free.prompt[1] + " word" * 400]
         free = RequestBatch(free.agent_id, long, free.seed, free.sampling, None)
         answer = RequestBatch(answer.agent_id, long, answer.seed, answer.sampling, CONSTRAINT)
-        r, a = reason_and_answer(small, free, answer, FINAL_CUE)
+        r, a = small.reason_and_answer(free, answer, FINAL_CUE)
     finally:
         small.close()
     assert r.error[0] is None and a.error[0] is None and a.text[0].isdigit()

@@ -120,7 +120,7 @@ def test_device_follows_the_reserved_gpus():
 
 
 def test_dtype_auto_on_cpu_is_float32_unless_the_cpu_has_bfloat16_instructions():
-    from engines.vllm import cpu_dtype
+    from engines.vllm.engine import cpu_dtype
 
     flags = next((line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features"))), "").split()
     native_bf16 = bool({"avx512_bf16", "amx_bf16", "bf16"} & set(flags))

@@ -36,7 +36,7 @@ def test_each_run_played_the_shards_its_size_makes(printed):
     assert [rows[label][0] for label in ("10", "40", "5 (small)")] == [10, 40, 5]
     for label, (size, shards, wall, round_s, play_s, plan_s, per_round, per_play) in rows.items():
         assert shards == math.ceil(AGENTS / size), (label, printed)
-        assert 0 < play_s <= round_s + 0.1 and round_s < wall and plan_s > 0, (label, printed)
+        assert 0 <= play_s <= round_s + 0.1 and round_s < wall and plan_s > 0, (label, printed)  # one shard: ~0.0 s
         assert ratio_of_printed(per_round, plan_s, round_s, half_step=0.05), (label, printed)
         assert ratio_of_printed(per_play, plan_s, play_s, half_step=0.05), (label, printed)
 

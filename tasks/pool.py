@@ -24,8 +24,8 @@ import ray
 from design.arms import Arm
 from engines import EngineSpec
 from engines.mixture import MixtureSpec
-from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
 from tasks import kept
+from tasks.actor import AgentWorker, ShardJob, ShardResult  # defined without Prefect so actors start fast
 from tasks.limits import ensure_shared
 from tasks.timings import mark
 

@@ -11,7 +11,8 @@ def down() -> None:
 
     Example: keynes down
     """
-    from cli.runtime.stack import down as stack_down, read, record_path
+    from cli.runtime.stack import down as stack_down
+    from cli.runtime.stack import read, record_path
 
     stack = read()
     lines = stack_down()

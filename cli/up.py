@@ -18,7 +18,9 @@ def up(
 
     Example: keynes up && keynes run experiments/quickstart.yaml && keynes down
     """
-    from cli.runtime.stack import START_TIMEOUT_S, StackError, down as stack_down, read, record_path, up as stack_up
+    from cli.runtime.stack import START_TIMEOUT_S, StackError, read, record_path
+    from cli.runtime.stack import down as stack_down
+    from cli.runtime.stack import up as stack_up
 
     stack = read()
     if stack is not None and not stack.processes and time.time() - stack.created < START_TIMEOUT_S:

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from cli.runtime.stack import OFF, STACK_TAG, marked
 from cli.runtime.processes import TAG
+from cli.runtime.stack import OFF, STACK_TAG, marked
 from tests.benchmarks.smoke import NUMBER, figures, ratio_of_printed, run_benchmark
 
 POINTS = ("header printed", "experiment row created", "run row created", "first shard committed", "last shard committed", "process exit")

@@ -98,7 +98,7 @@ def test_run_joins_the_warm_stack_survives_a_killed_run_and_down_leaves_nothing(
         config.write_text(yaml.safe_dump({**TINY, "db": str(tmp_path / "tiny.duckdb")}))
         run = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config)], cwd=REPO, env=user_env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        out, err = run.communicate(timeout=400)
+        _out, err = run.communicate(timeout=400)
         assert run.returncode == 0, err[-3000:]
         joined = [line for line in err.splitlines() if line.startswith("joining the warm stack")]
         assert joined == [f"joining the warm stack: Ray at {stack.ray_address}, Prefect API at {stack.prefect_url} (keynes down stops them)"], err

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from cli.common import console, fail, out
+from cli.run import engine_label
 from cli.table import narrow_table
 
 
@@ -41,6 +42,9 @@ def plan(
         plans = make_plan(cfg, ShardPlayer, sample_, calibrate, calls_per_second, say=lambda text: console.print(text, highlight=False),
                           committer=committer)
     rows = [p.row() for p in plans]
+    start_s, way = recorded_start(cfg)
+    for i, r in enumerate(rows):  # the run's start comes once, before its first arm
+        r["start_seconds"] = None if i or start_s is None else round(start_s, 1)
     if format_ == "json":
         sys.stdout.write(json.dumps(rows) + "\n")
         return
@@ -70,14 +74,30 @@ def plan(
         table.add_row(str(r["arm"]), r["engine"], r["model"], r["prompt_mode"], num(r["calls"]), num(r["prompt_tokens"]),
                       num(r["completion_tokens"]), duration(r["seconds"]), *money(r["cost"]))
     total = lambda key: None if any(r[key] is None for r in rows) else sum(r[key] for r in rows)  # noqa: E731
-    if len(rows) > 1:
+    if start_s is not None:
+        table.add_row("start", "", "", "", "", "", "", duration(start_s), *money(None))
+    if len(rows) > 1 or start_s is not None:
+        seconds = total("seconds")
         table.add_row("all", "", "", "", num(total("calls")), num(total("prompt_tokens")), num(total("completion_tokens")),
-                      duration(total("seconds")), *money(total("cost")), style="bold")
+                      duration(None if seconds is None else seconds + (start_s or 0.0)), *money(total("cost")), style="bold")
     out.print(table)
     for r in rows:
         out.print(f"arm {r['arm']}: {r['basis']}", highlight=False)
+    if start_s is not None:
+        out.print(f"start: Ray, Prefect's API, the models and the run's bookkeeping, as the last {way} run of "
+                  f"{engine_label(cfg)} here took", highlight=False)
+    else:
+        out.print(f"start: not in the time (no {way} run of {engine_label(cfg)} here yet: keynes run records it)", highlight=False)
     if len(rows) > 1:
         out.print("all: the arms run one after another", highlight=False)
+
+
+def recorded_start(cfg) -> tuple[float | None, str]:
+    """The start the last run like this one took here (``cli/runtime/starts.py``), and how it starts."""
+    from cli.runtime import stack, starts
+
+    way = "cluster" if cfg.workers.ray_address else "warm" if stack.for_command(None)[0] is not None else "cold"
+    return starts.recorded(way, engine_label(cfg)), way
 
 
 class ScratchCommits:

@@ -24,6 +24,9 @@ def run(
 
     Example: keynes run experiments/quickstart.yaml --set population.size=1000 --set game.rounds=2
     """
+    import time
+
+    began = time.monotonic()
     from design.config import ConfigError
     from design.loading import load_config
     from warehouse.store import Warehouse, WarehouseError
@@ -94,6 +97,12 @@ def run(
     if summary.message:  # nothing was played: say why (e.g. a `continue` experiment is complete)
         console.print(summary.message, highlight=False)
         return
+    if summary.rounds_played:  # what starting took, for keynes plan (cli/runtime/starts.py)
+        from cli.runtime import starts
+
+        played = {run_id: arm.played for run_id, arm in summary.rounds.items() if arm.played}
+        way = "cluster" if cfg.workers.ray_address else "warm" if stack is not None else "cold"
+        starts.record(way, engine_label(cfg), time.monotonic() - began - Warehouse(cfg.db).rounds_seconds(played))
     # Soft-wrapped: the terminal folds a long line, so the command and the path copy whole.
     console.print(
         f"done: {summary.rounds_played} round(s) played, {summary.rows_written:,} guesses written. "
@@ -101,3 +110,9 @@ def run(
     )
     if summary.report:
         console.print(f"report: {summary.report}", highlight=False, soft_wrap=True)
+
+
+def engine_label(cfg) -> str:
+    """The engine a run's start is recorded under: its first arm's ``kind:model``."""
+    engine = cfg.arms_list()[0].engine
+    return f"{engine.kind}:{engine.model_name}"

@@ -49,7 +49,7 @@ def test_a_resumed_round_keeps_its_shards_when_the_actors_change(tmp_path, prefe
     interrupt_round_2(resumed, (1, 3, 7))
     summary = experiment(CONFIG, overrides=["workers.actors=1"], db=str(resumed))
 
-    assert summary["rows_written"] == 8 + 8 + 4  # shards 1, 3 and 7 (the last: 60 - 56)
+    assert summary.rows_written == 8 + 8 + 4  # shards 1, 3 and 7 (the last: 60 - 56)
     # Eight shards of 8 (the last of 4), each with its row: none lost to a clash with a stored
     # shard of another size.
     assert q(resumed, "select count(*), sum(n) from shards where round = 2") == [(8, N)]

@@ -80,6 +80,9 @@ def main(db: str, out: str) -> None:
                 time.sleep(0.02)
             removed.update(after_commits=len(warehouse.commits), at=time.monotonic())
             cluster.remove_node(victim_node, allow_graceful=False)
+            # Removing a node waits for its processes to end (seconds on a busy machine): results
+            # the victim sent before it was gone may still arrive until then.
+            removed.update(gone=time.monotonic())
 
         remover = threading.Thread(target=remove_when_three_shards_are_committed)
         remover.start()

@@ -10,7 +10,6 @@ from typing import Annotated, Optional
 import typer
 
 from cli.common import console, fail, out
-from cli.run import engine_label
 from cli.table import narrow_table
 
 
@@ -35,6 +34,7 @@ def plan(
         cfg = load_config(config, list(set_ or []))
     except ConfigError as exc:
         fail(str(exc))
+    from cli.runtime import starts
     from design.plan import plan as make_plan
     from tasks.actor import ShardPlayer
 
@@ -85,9 +85,9 @@ def plan(
         out.print(f"arm {r['arm']}: {r['basis']}", highlight=False)
     if start_s is not None:
         out.print(f"start: Ray, Prefect's API, the models and the run's bookkeeping, as the last {way} run of "
-                  f"{engine_label(cfg)} here took", highlight=False)
+                  f"{starts.engine_label(cfg)} here took", highlight=False)
     else:
-        out.print(f"start: not in the time (no {way} run of {engine_label(cfg)} here yet: keynes run records it)", highlight=False)
+        out.print(f"start: not in the time (no {way} run of {starts.engine_label(cfg)} here yet: keynes run records it)", highlight=False)
     if len(rows) > 1:
         out.print("all: the arms run one after another", highlight=False)
 
@@ -96,8 +96,8 @@ def recorded_start(cfg) -> tuple[float | None, str]:
     """The start the last run like this one took here (``cli/runtime/starts.py``), and how it starts."""
     from cli.runtime import stack, starts
 
-    way = "cluster" if cfg.workers.ray_address else "warm" if stack.for_command(None)[0] is not None else "cold"
-    return starts.recorded(way, engine_label(cfg)), way
+    way = starts.way(cfg.workers.ray_address, stack.for_command(cfg.workers.ray_address)[0])
+    return starts.recorded(way, starts.engine_label(cfg)), way
 
 
 class ScratchCommits:

@@ -100,9 +100,8 @@ def run(
     if summary.rounds_played:  # what starting took, for keynes plan (cli/runtime/starts.py)
         from cli.runtime import starts
 
-        played = {run_id: arm.played for run_id, arm in summary.rounds.items() if arm.played}
-        way = "cluster" if cfg.workers.ray_address else "warm" if stack is not None else "cold"
-        starts.record(way, engine_label(cfg), time.monotonic() - began - Warehouse(cfg.db).rounds_seconds(played))
+        rounds_s = sum(arm.rounds_s for arm in summary.rounds.values())
+        starts.record(starts.way(cfg.workers.ray_address, stack), starts.engine_label(cfg), time.monotonic() - began - rounds_s)
     # Soft-wrapped: the terminal folds a long line, so the command and the path copy whole.
     console.print(
         f"done: {summary.rounds_played} round(s) played, {summary.rows_written:,} guesses written. "
@@ -110,9 +109,3 @@ def run(
     )
     if summary.report:
         console.print(f"report: {summary.report}", highlight=False, soft_wrap=True)
-
-
-def engine_label(cfg) -> str:
-    """The engine a run's start is recorded under: its first arm's ``kind:model``."""
-    engine = cfg.arms_list()[0].engine
-    return f"{engine.kind}:{engine.model_name}"

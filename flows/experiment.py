@@ -41,12 +41,14 @@ from tasks.timings import mark
 @dataclass(frozen=True)
 class ArmPlayed:
     """An arm's rounds in one run of the flow: those played, whether every round of the arm is
-    now stored (``complete``), the guesses written and the seconds its analyses took."""
+    now stored (``complete``), the guesses written, the seconds its analyses took and the seconds
+    of its rounds (as ``rounds.seconds`` stores each)."""
 
     played: tuple[int, ...]
     complete: bool
     rows_written: int
     analyses_s: float
+    rounds_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,7 @@ def _play_arm(
 ) -> ArmPlayed:
     """Play an arm's rounds of this run: play → environment → store, each round's outcome published."""
     written = 0
-    analyses_s = 0.0
+    analyses_s = rounds_s = 0.0
     for round_ in rounds:
         start = time.perf_counter()
         played = play_round(arm, round_, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size)
@@ -276,6 +278,7 @@ def _play_arm(
                 if "group" in personas.columns else None
             )
             seconds = time.perf_counter() - start
+            rounds_s += seconds
             store.store_outcome(warehouse, arm.run_id, round_, result, seconds, groups)
             analyses_s += _analyse(warehouse, cfg.experiment_id, arm.run_id, round_)
             monitor.publish_workers(warehouse, cfg.experiment_id, since, workers)
@@ -284,7 +287,7 @@ def _play_arm(
         written += played.written
     complete = finished.union(rounds) >= set(range(1, arm.rule.rounds + 1))
     store.finish_run(warehouse, arm.run_id, "completed" if complete else "waiting")
-    return ArmPlayed(tuple(rounds), complete, written, analyses_s)
+    return ArmPlayed(tuple(rounds), complete, written, analyses_s, rounds_s)
 
 
 def _analyse(warehouse: store.Warehouse, experiment_id: str, run_id: str, round_: int) -> float:

@@ -31,7 +31,7 @@ from tasks.limits import ensure_shared
 from tasks.ray_internals import monitor_processes, sigterm_handler_kept
 from tasks.timings import mark
 
-__all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "pool_size", "run_pools", "shutdown_pools", "stop_ray", "warm_pool"]
+__all__ = ["LOOPBACK", "WorkerPool", "check_resources", "ensure_ray", "pool_for", "run_pools", "shutdown_pools", "stop_ray", "warm_pool"]
 
 log = logging.getLogger(__name__)
 

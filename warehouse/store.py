@@ -287,18 +287,6 @@ class Warehouse(WarehouseFile):
             out.setdefault(run_id, set()).add(round_)
         return out
 
-    def rounds_seconds(self, played: dict[str, tuple[int, ...]]) -> float:
-        """The seconds of these rounds (run id → its rounds), as ``rounds.seconds`` stored them."""
-        pairs = [(run_id, round_) for run_id, rounds in played.items() for round_ in rounds]
-        if not pairs or not self.path.exists():
-            return 0.0
-        with self.connect(read_only=True) as con:
-            (total,) = con.execute(
-                "SELECT coalesce(sum(seconds), 0) FROM rounds WHERE list_contains(?, run_id || '/' || round)",
-                [[f"{r}/{n}" for r, n in pairs]],
-            ).fetchone()
-        return float(total)
-
     def write_outcome(self, run_id: str, round_: int, outcome: Any, seconds: float, groups: dict[str, Any] | None = None) -> bool:
         """Commit a round's outcome and winners in one transaction; False if already stored.
 

@@ -41,10 +41,15 @@ PARENT_DIED = signal.SIGURG
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def cache_root() -> Path:
+    """keynes's cache folder: ``$KEYNES_CACHE`` or ``~/.cache/keynes``."""
+    root = os.environ.get("KEYNES_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "keynes"
+
+
 def records_dir() -> Path:
     """Where each running command's record lives: ``$KEYNES_CACHE/runs`` or ``~/.cache/keynes/runs``."""
-    root = os.environ.get("KEYNES_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "keynes") / "runs"
+    return cache_root() / "runs"
 
 
 def started(proc: psutil.Process) -> float:
@@ -70,7 +75,7 @@ def tag_of(proc: psutil.Process) -> str:
     return f"{proc.pid}:{started(proc)}"
 
 
-def _alive(pid: int, created: float) -> psutil.Process | None:
+def alive(pid: int, created: float) -> psutil.Process | None:
     """The process ``pid`` if it is still the one ``started`` at ``created`` (pids are reused)."""
     try:
         proc = psutil.Process(pid)
@@ -133,12 +138,12 @@ def clean_leftovers(directory: Path | None = None) -> list[str]:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(record["pid"], record["created"]):
+        if alive(record["pid"], record["created"]):
             continue
         tag, me = f"{record['pid']}:{record['created']}", {os.getpid()}
         watchdogs = [p for p in tagged(tag, me) if _is_watchdog(p)]
         psutil.wait_procs(watchdogs, timeout=2 * GRACE_S + 2 * POLL_S)  # its end(): SIGTERM, then SIGKILL after GRACE_S
-        left = [p for pid, created, _ in record["children"] if (p := _alive(pid, created)) is not None]
+        left = [p for pid, created, _ in record["children"] if (p := alive(pid, created)) is not None]
         left += [p for p in tagged(tag, me) if p not in left]
         if left:
             names = ", ".join(sorted({p.name() for p in left}))
@@ -229,14 +234,16 @@ def descendants(children: list[psutil.Process], me: int) -> dict[int, tuple[int,
     return found
 
 
-def tagged(tag: str, exclude: set[int]) -> list[psutil.Process]:
-    """The processes whose environment carries ``TAG=tag`` (those not in ``exclude``)."""
+def tagged(tag: str, exclude: set[int], variable: str = TAG, prefix: bool = False) -> list[psutil.Process]:
+    """The live processes whose environment carries ``variable=tag`` (with ``prefix``: a value
+    that starts with ``tag``), but those in ``exclude``."""
     found = []
     for proc in psutil.process_iter():
         if proc.pid in exclude:
             continue
         try:
-            if proc.environ().get(TAG) == tag and proc.status() != psutil.STATUS_ZOMBIE:
+            value = proc.environ().get(variable)
+            if value and (value.startswith(tag) if prefix else value == tag) and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except psutil.Error:  # gone, or not ours to read
             continue
@@ -251,7 +258,7 @@ def watch(parent_pid: int, parent_created: float, record: Path, command: str) ->
     signal.signal(PARENT_DIED, lambda *_: stop.update(now=True))  # the parent died (PDEATHSIG)
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))  # ended with its command's process group
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    parent = _alive(parent_pid, parent_created)
+    parent = alive(parent_pid, parent_created)
     while parent is not None and not stop["now"]:
         try:
             found = descendants(parent.children(recursive=True), me)
@@ -266,7 +273,7 @@ def watch(parent_pid: int, parent_created: float, record: Path, command: str) ->
                 break
         except psutil.Error:  # gone
             break
-    left = [p for pid, created, _ in seen.values() if (p := _alive(pid, created)) is not None]
+    left = [p for pid, created, _ in seen.values() if (p := alive(pid, created)) is not None]
     # Started since the last look (a worker a raylet spawned a moment ago): still a descendant
     # of a process seen before, though the parent it hung from is gone.
     for proc in list(left):

@@ -35,7 +35,7 @@ from typing import Callable, Iterator
 import psutil
 
 from cli.runtime.processes import TAG as RUN_TAG
-from cli.runtime.processes import end, started
+from cli.runtime.processes import alive, cache_root, end, started, tagged
 
 __all__ = ["STACK_TAG", "Stack", "StackError", "down", "for_command", "read", "record_path", "up"]
 
@@ -57,15 +57,9 @@ class StackError(RuntimeError):
     """The stack could not be started (one line: what failed, and where its output is)."""
 
 
-def cache_dir() -> Path:
-    """``$KEYNES_CACHE`` or ``~/.cache/keynes``."""
-    root = os.environ.get("KEYNES_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "keynes"
-
-
 def record_path() -> Path:
     """Where the stack's record lives: ``$KEYNES_CACHE/stack.json`` or ``~/.cache/keynes/stack.json``."""
-    return cache_dir() / "stack.json"
+    return cache_root() / "stack.json"
 
 
 def identity() -> dict[str, str]:
@@ -101,21 +95,13 @@ class Stack:
 
     def gone(self) -> list[str]:
         """The essential parts no longer running (empty: the stack is up)."""
-        return [name for name in ESSENTIAL if not _alive(*self.processes.get(name, (0, 0.0)))]
+        return [name for name in ESSENTIAL if alive(*self.processes.get(name, (0, 0.0))) is None]
 
     def foreign(self) -> str | None:
         """Why this keynes must not join the stack (it runs another keynes, interpreter or Ray), or None."""
         mine = identity()
         differs = [f"{key} {getattr(self, key)}" for key in ("keynes", "python", "ray") if getattr(self, key) != mine[key]]
         return ", ".join(differs) or None
-
-
-def _alive(pid: float, created: float) -> bool:
-    try:
-        proc = psutil.Process(int(pid))
-        return abs(started(proc) - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def read(path: Path | None = None) -> Stack | None:
@@ -136,17 +122,7 @@ def _write(stack: Stack, path: Path) -> None:
 
 def marked(prefix: str) -> list[psutil.Process]:
     """The processes whose ``KEYNES_STACK_TAG`` starts with ``prefix`` (a tag, or a record's path)."""
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            tag = proc.environ().get(STACK_TAG)
-            if tag and tag.startswith(prefix) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:  # gone, or not ours to read
-            continue
-    return found
+    return tagged(prefix, {os.getpid()}, variable=STACK_TAG, prefix=True)
 
 
 def _free_port() -> int:
@@ -273,8 +249,7 @@ def down(path: Path | None = None, quiet: bool = False, keep_logs: bool = False)
     stack = read(path)
     procs = marked(stack.tag if stack else f"{path}#")
     if stack is not None:
-        procs += [p for name, (pid, created) in stack.processes.items() if _alive(pid, created)
-                  for p in [psutil.Process(int(pid))] if p not in procs]
+        procs += [p for pid, created in stack.processes.values() if (p := alive(int(pid), created)) is not None and p not in procs]
     lines = []
     if stack is not None and not quiet and (gone := stack.gone()):
         lines.append(f"the warm stack's {', '.join(gone)} had ended already")

@@ -1,6 +1,6 @@
 """How long a ``keynes run`` took to start on this machine, for ``keynes plan``'s estimate.
 
-A run's start is its wall less the seconds of the rounds it played (``rounds.seconds``): the
+A run's start is its wall less the seconds of the rounds it played (``rounds.seconds``, carried in the flow's summary): the
 command's own start, Ray's and Prefect's API's (nothing when it joins a running Ray, a warm stack
 or a cluster), the actors and their models, the flow's bookkeeping and its end. ``keynes run``
 records the latest for each way of starting (``cold``: its own Ray; ``warm``: a warm stack;
@@ -13,12 +13,23 @@ import json
 import os
 from pathlib import Path
 
-from cli.runtime.stack import cache_dir
+from cli.runtime.processes import cache_root
 
 
 def starts_path() -> Path:
     """``$KEYNES_CACHE/starts.json`` (or ``~/.cache/keynes/starts.json``)."""
-    return cache_dir() / "starts.json"
+    return cache_root() / "starts.json"
+
+
+def way(ray_address: str | None, stack: object | None) -> str:
+    """How a run starts: on a cluster (``workers.ray_address``), joined to a warm stack, or cold."""
+    return "cluster" if ray_address else "warm" if stack is not None else "cold"
+
+
+def engine_label(cfg) -> str:
+    """The engine a run's start is recorded under: its first arm's ``kind:model``."""
+    engine = cfg.arms_list()[0].engine
+    return f"{engine.kind}:{engine.model_name}"
 
 
 def key(way: str, engine: str) -> str:

@@ -243,7 +243,9 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     if cfg.report.enabled and complete:
         state = report_stage(str(cfg.db), cfg.experiment_id, cfg.report_path, return_state=True)
         if state.is_completed():
-            report = state.result()
+            written = state.result()
+            monitor.publish_rounds(str(cfg.db), cfg.experiment_id, written.page, written.rounds)
+            report = str(written.page)
             logger.info("report: %s", report)
         else:
             logger.error("report failed: %s", state.message)

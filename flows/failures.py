@@ -41,6 +41,9 @@ INPUT_ERRORS: tuple[type[Exception], ...] = (ConfigError, WarehouseError)
 #: How a run is stopped from outside: Ctrl-C, or a SIGTERM (Prefect raises it as TerminationSignal;
 #: while the flow waits on Ray, Ray's driver raises it as SystemExit).
 INTERRUPTS: tuple[type[BaseException], ...] = (KeyboardInterrupt, TerminationSignal, SystemExit)
+#: Prefect's own message for a run ended by Ctrl-C (``prefect.states.exception_to_crashed_state``),
+#: which ``keynes serve`` gives a run it has to end itself.
+INTERRUPT_MESSAGE = "Execution was aborted by an interrupt signal."
 #: Seconds an interrupted run waits for its warehouse (a reader may hold it a moment).
 MARK_LOCK_TIMEOUT_S = 2.0
 

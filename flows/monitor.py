@@ -8,9 +8,12 @@ Monitoring never fails a run: an artifact the API refuses is logged and skipped.
 
 from __future__ import annotations
 
+import logging
+import re
 import time
+from pathlib import Path
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 from uuid import UUID
 
 from prefect.artifacts import (
@@ -22,14 +25,33 @@ from prefect.artifacts import (
 )
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
+import polars as pl
 
 from core.game import RoundOutcome
 from design.arms import Arm
 from flows.prefect_internals import table_artifact_data
 from reports.urls import page_url, report_base_url
 from tasks import progress, store
-from tasks.artifacts import artifact_key, safely
 from tasks.store import Warehouse
+
+log = logging.getLogger(__name__)
+
+
+def artifact_key(*parts: object) -> str:
+    """An artifact key from parts: lowercase letters, digits and dashes only (Prefect's rule)."""
+    text = "-".join(str(p) for p in parts).lower()
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", text)).strip("-")
+
+
+def safely(what: str, make: Callable[[], Any]) -> Any:
+    """Call ``make``; if the API refuses (or is away), log a warning and return None."""
+    try:
+        return make()
+    except Exception as exc:  # the API being away must not stop 10,000 agents from playing
+        log.warning("could not %s: %s", what, exc)
+        return None
+
+
 
 #: Least seconds between two updates of one progress artifact (a million agents commit thousands of shards).
 PROGRESS_INTERVAL_S = 1.0
@@ -115,10 +137,6 @@ class _FanoutBar:
 def outcome_markdown(arm: Arm, round_: int, result: RoundOutcome, seconds: float, max_winners: int = 10) -> str:
     """A round's outcome as markdown: mean, target, winners, invalid rate."""
     rule = arm.rule
-
-    def num(value: float | None) -> str:
-        return "–" if value is None else f"{value:.4g}"
-
     winners = ", ".join(str(int(a)) for a in result.winners[:max_winners])
     if result.n_winners > max_winners:
         winners += f", … ({result.n_winners - max_winners:,} more)"
@@ -132,10 +150,10 @@ def outcome_markdown(arm: Arm, round_: int, result: RoundOutcome, seconds: float
         "|---|---|",
         f"| agents | {result.n:,} |",
         f"| valid guesses | {result.n_valid:,} (invalid rate {result.invalid_rate:.1%}) |",
-        f"| mean | {num(result.mean)} |",
-        f"| median | {num(result.median)} |",
-        f"| target ({rule.ratio} × mean{offset}) | {num(result.target)} |",
-        f"| winning guess | {num(result.winning_guess)} |",
+        f"| mean | {_num(result.mean)} |",
+        f"| median | {_num(result.median)} |",
+        f"| target ({rule.ratio} × mean{offset}) | {_num(result.target)} |",
+        f"| winning guess | {_num(result.winning_guess)} |",
         f"| winners | {result.n_winners:,}: agents {winners or '–'} |",
         f"| seconds | {seconds:.1f} |",
     ])
@@ -151,6 +169,55 @@ def publish_round(arm: Arm, round_: int, result: RoundOutcome, seconds: float) -
             description=f"{arm.run_id} round {round_}: outcome",
         ),
     )
+
+
+def rounds_markdown(rounds: pl.DataFrame, experiment: str, report: Path | None = None, live_url: str | None = None) -> str:
+    """A markdown summary of ``round_summary`` rows: one table per arm, one row per round, after a
+    link to the live page (``live_url``) or else the path of the report file."""
+    lines = [f"# {experiment}: rounds", ""]
+    if live_url is not None:
+        lines += [f"Report: [{experiment} (live)]({live_url})", ""]
+    elif report is not None:
+        lines += [f"Report: `{report.resolve()}` (on the machine that ran the flow)", ""]
+    for (arm,), frame in rounds.group_by("arm", maintain_order=True):
+        first = frame.row(0, named=True)
+        lines += [
+            f"## Arm {arm}: {first['prompt_mode']} · {first['model']} ({first['engine']}) · {first['rule']}",
+            "",
+            "| round | agents | valid | mean | median | sd | target | winning number | winners | distance to equilibrium |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in frame.iter_rows(named=True):
+            cells = [r["round"], r["n"], r["n_valid"], r["mean"], r["median"], r["sd"], r["target"], r["winning_guess"],
+                     r["n_winners"], r["distance_to_equilibrium"]]
+            lines.append("| " + " | ".join(_num(c) for c in cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def publish_rounds(db: str, experiment_id: str, page: Path, rounds: pl.DataFrame) -> None:
+    """The report stage's artifacts: the rounds summary and, without a report server (whose live
+    page the flow linked as it started, ``publish_report``), the written page's path."""
+    key = artifact_key(experiment_id)
+    base = report_base_url()
+    live = page_url(base, experiment_id) if base else None
+    safely("create the rounds artifact", lambda: create_markdown_artifact(
+        markdown=rounds_markdown(rounds, experiment_id, page, live), key=f"{key}-rounds",
+        description=f"Round summary of {experiment_id}"))
+    if live is None:
+        safely("create the report artifact", lambda: create_markdown_artifact(
+            markdown=f"Report page of {experiment_id}: `{page.resolve()}`, a file on the machine that ran the flow "
+                     f"(open it there, or serve live pages: `keynes report --serve --db {db}`)",
+            key=f"{key}-report", description=f"Report page of {experiment_id}"))
+
+
+def _num(value: object) -> str:
+    """A round statistic in a table cell: counts with separators, other numbers to 4 significant digits."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 # ------------------------------------------------------------------------------ workers

@@ -18,7 +18,7 @@ import psutil
 from prefect.deployments.runner import RunnerDeployment
 
 from cli.runtime.processes import kill, running
-from flows.failures import mark_interrupted
+from flows.failures import INTERRUPT_MESSAGE, mark_interrupted
 from flows.prefect_internals import end_loops
 
 #: Seconds the flow runs in progress get to end by themselves once ``keynes serve`` is stopped.
@@ -27,8 +27,6 @@ from flows.prefect_internals import end_loops
 RUNS_GRACE_S = 2.0
 #: Seconds the runner then gets to pause the deployments' schedules and close its connections.
 RUNNER_STOP_S = 1.0
-#: Prefect's own message for a run ended by Ctrl-C (``prefect.states.exception_to_crashed_state``).
-INTERRUPTED = "Execution was aborted by an interrupt signal."
 
 
 @dataclass(frozen=True)
@@ -132,7 +130,7 @@ def _interrupted(flow_run_id: str, processes: list[psutil.Process], deadline: fl
                 flow_run = client.read_flow_run(flow_run_id)
             kill(processes)
             if flow_run.state is None or not flow_run.state.is_final():
-                client.set_flow_run_state(flow_run_id, Crashed(message=INTERRUPTED), force=True)
+                client.set_flow_run_state(flow_run_id, Crashed(message=INTERRUPT_MESSAGE), force=True)
                 flow_run = client.read_flow_run(flow_run_id)
     except Exception as exc:  # the API is away: the run's processes end all the same
         kill(processes)

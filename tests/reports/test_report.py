@@ -131,7 +131,7 @@ def test_prefect_artifacts_summarise_rounds_and_link_the_report(quickstart):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from tasks.report import artifact_key
+    from flows.monitor import artifact_key
 
     path, summary = quickstart
     key = artifact_key(summary.experiment_id)
@@ -142,7 +142,7 @@ def test_prefect_artifacts_summarise_rounds_and_link_the_report(quickstart):
     markdown = artifacts[f"{key}-rounds"].data
     with duckdb.connect(str(path), read_only=True) as con:
         targets = [r[0] for r in con.execute("select target from rounds").fetchall()]
-    assert markdown.count("| ") > 6 and all(f"{t:.2f}" in markdown for t in targets)
+    assert markdown.count("| ") > 6 and all(f"{t:.4g}" in markdown for t in targets)
     assert summary.report in artifacts[f"{key}-report"].data
 
 

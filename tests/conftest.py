@@ -152,6 +152,8 @@ WEIGHTS = {
     "tests/flows/test_temporary_api.py": 66, "tests/benchmarks/test_chaos_smoke.py": 62, "tests/engines/test_llamacpp_batch.py": 60,
     "tests/tasks/test_personas.py": 60, "tests/reliability/test_disk_full.py": 59, "tests/reliability/test_engine_faults.py": 58,
     "tests/engines/test_prompt_formats.py": 58, "tests/benchmarks/test_cold_start_smoke.py": 44,
+    "tests/benchmarks/test_shard_size_smoke.py": 180, "tests/flows/test_warm_stack.py": 100, "tests/benchmarks/test_warm_start_smoke.py": 87,
+    "tests/benchmarks/test_cli_start_smoke.py": 75, "tests/cli/test_starts.py": 75, "tests/flows/test_shard_resume.py": 60,
 }
 
 

@@ -59,9 +59,9 @@ def _list(warehouse) -> None:
 
 def _one(warehouse, experiment_id: str) -> None:
     """The experiment, its recorded inputs, then each session's provenance."""
-    from warehouse.provenance import provenance_rows, recorded_inputs, session_lines, sessions
+    from warehouse.provenance import experiment_row, provenance_rows, recorded_inputs, session_lines, sessions
 
-    row = warehouse.query("SELECT name, status, population, created_at FROM experiments WHERE experiment_id = ?", [experiment_id]).row(0, named=True)
+    row = experiment_row(warehouse, experiment_id)
     out.print(f"{experiment_id}: {row['name']}, {row['status']}, {row['population']:,} agents, created "
               f"{row['created_at']:%Y-%m-%d %H:%M:%S %Z}", highlight=False, soft_wrap=True)
     inputs = recorded_inputs(warehouse, experiment_id, read_only=True)

@@ -82,6 +82,12 @@ def provenance_rows(warehouse: Warehouse, experiment_ids: list[str]) -> list[dic
             for row in frame.iter_rows(named=True)]
 
 
+def experiment_row(warehouse: Warehouse, experiment_id: str) -> dict[str, Any]:
+    """An experiment's name, status, population and ``created_at`` (it must exist)."""
+    return warehouse.query("SELECT name, status, population, created_at FROM experiments WHERE experiment_id = ?",
+                           [experiment_id]).row(0, named=True)
+
+
 def runs_of(warehouse: Warehouse, experiment_ids: list[str] | None = None) -> pl.DataFrame:
     """Experiments and their arms (``keynes show`` without an experiment): experiment id, name,
     status, created_at, arm, run id, engine, model, prompt mode, rounds played and planned."""

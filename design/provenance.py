@@ -13,8 +13,7 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -41,9 +40,6 @@ class Environment:
     python: str
     packages: dict[str, str] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
-
-    def as_row(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def collect() -> Environment:

@@ -132,8 +132,8 @@ def session_lines(session: dict[str, Any]) -> list[str]:
         f"session {session['session']}: {_when(session['started_at'])} to {_when(session['finished_at'])}; arms {arms}",
         f"  keynes {session.get('keynes_version') or 'unknown'}, {source}; Python {session.get('python')}",
         "  packages: " + (", ".join(f"{k} {v}" for k, v in (session.get("packages") or {}).items()) or "none recorded"),
-        f"  machine: {machine.get('cpu') or 'unknown CPU'}, {machine.get('cores')} cores, vector extensions "
-        f"{' '.join(machine.get('vector_extensions') or []) or 'none'}, GPUs {', '.join(machine.get('gpus') or []) or 'none'}, "
-        f"{machine.get('memory_gib')} GiB, {machine.get('platform')}",
+        (f"  machine: {machine.get('cpu') or 'unknown CPU'}, {machine.get('cores')} cores, vector extensions "
+         f"{' '.join(machine.get('vector_extensions') or []) or 'none'}, GPUs {', '.join(machine.get('gpus') or []) or 'none'}, "
+         f"{machine.get('memory_gib')} GiB, {machine.get('platform')}"),
         *(f"  {name}: {digest}" for name, digest in {**session["models"], **session["templates"]}.items()),
     ]

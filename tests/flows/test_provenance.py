@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 
 import polars as pl
 import pytest
@@ -61,11 +60,11 @@ def test_each_arm_has_its_provenance(played):
         assert "template prompts/_rules.j2" in templates and all(v.startswith("sha256:") for v in templates.values())
     mine = json.loads(rows[1][PROVENANCE.index("templates")])
     assert f"template {folder / 'mine.j2'}" in mine and f"template {folder / '_mine.j2'}" in mine
-    assert len(set(r[1] for r in rows)) == 1  # one session
+    assert len({r[1] for r in rows}) == 1  # one session
 
 
 def test_the_inputs_are_recorded_with_the_experiment(played):
-    _, folder, path, summary = played
+    _, folder, path, _ = played
     inputs = json.loads(q(path, "select inputs from experiments")[0][0])
     assert {f"template {folder / 'mine.j2'}", f"template {folder / '_mine.j2'}", "template prompts/basic.j2",
             "template prompts/_rules.j2", "template prompts/_persona.j2"} == set(inputs)
@@ -121,4 +120,3 @@ def test_an_edited_include_is_refused_and_an_untouched_rerun_resumes(played):
     finally:
         include.write_text(text)
     assert q(path, "select count(*) from provenance") == before
-    assert sys.modules["flows.experiment"]  # the flow module stayed importable after the refusal

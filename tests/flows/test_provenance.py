@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import platform
+from importlib import metadata
 
 import polars as pl
 import pytest
@@ -51,7 +52,7 @@ def test_each_arm_has_its_provenance(played):
         got = dict(zip(PROVENANCE, row))
         assert got["experiment_id"] == summary.experiment_id and got["rounds"] == [1, 2]
         assert got["started_at"] <= got["finished_at"]
-        assert got["keynes_version"] == "0.1.0" and got["python"] == platform.python_version()
+        assert got["keynes_version"] == metadata.version("keynes") and got["python"] == platform.python_version()
         assert len(got["git_commit"]) == 40 and isinstance(got["git_modified"], bool)  # the suite runs from a checkout
         assert json.loads(got["packages"]) == packages() and {"duckdb", "prefect", "ray", "numpy", "polars"} <= json.loads(got["packages"]).keys()
         machine = json.loads(got["machine"])
@@ -78,7 +79,7 @@ def test_keynes_show_lists_experiments_and_prints_one(played):
     result, _ = invoke("show", "provenance", "--db", str(path))
     assert result.exit_code == 0, result.output
     text = result.stdout
-    for part in ("keynes 0.1.0, commit ", f"Python {platform.python_version()}", f"duckdb {packages()['duckdb']}",
+    for part in (f"keynes {metadata.version('keynes')}, commit ", f"Python {platform.python_version()}", f"duckdb {packages()['duckdb']}",
                  "machine: ", " cores", "arms 0 (rounds 1, 2), 1 (rounds 1, 2)", "template prompts/basic.j2: sha256:",
                  "inputs (a rerun with other ones is refused):"):
         assert part in text, text
@@ -102,7 +103,7 @@ def test_the_report_footer_shows_it(played):
 
     _, _, path, summary = played
     footer = "\n".join(str(pane.object) for pane in provenance_footer(ReportData(Warehouse(path), summary.experiment_id)))
-    assert "## Provenance" in footer and "keynes 0.1.0, commit " in footer and f"Python {platform.python_version()}" in footer
+    assert "## Provenance" in footer and f"keynes {metadata.version('keynes')}, commit " in footer and f"Python {platform.python_version()}" in footer
     assert "template prompts/basic.j2: sha256:" in footer
 
 

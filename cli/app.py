@@ -10,7 +10,7 @@ import gc
 
 import typer
 
-from cli import bench, down, export, models, personas, plan, reference, report, run, serve, sql, up
+from cli import bench, down, export, models, personas, plan, reference, report, run, serve, show, sql, up
 from cli.common import main_options
 from tasks.timings import mark
 
@@ -24,6 +24,7 @@ app.command("down")(down.down)
 app.command()(sql.sql)
 app.command()(personas.personas)
 app.command()(report.report)
+app.command()(show.show)
 app.command("export")(export.export_tables)
 app.command("config")(reference.config_reference)
 

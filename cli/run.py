@@ -47,7 +47,8 @@ def run(
 
     try:  # a model that cannot be prompted as configured (chat without a template) starts nothing
         check_prompting(cfg, cfg.arms_list())
-    except ConfigError as exc:
+        check_same_inputs(cfg)  # nor a rerun whose templates or models changed
+    except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
     from tasks import progress as progress_hooks
 
@@ -109,3 +110,17 @@ def run(
     )
     if summary.report:
         console.print(f"report: {summary.report}", highlight=False, soft_wrap=True)
+
+
+def check_same_inputs(cfg) -> None:
+    """Refuse a rerun of an experiment whose templates, models or chat templates changed since
+    its first run (``design.inputs``), reading the warehouse only.
+
+    Raises:
+        design.inputs.InputsChanged: one line naming the change and how to go on.
+    """
+    from design.inputs import check_inputs, fingerprint
+    from warehouse.provenance import recorded_inputs
+    from warehouse.store import Warehouse
+
+    check_inputs(cfg.experiment_id, recorded_inputs(Warehouse(cfg.db), cfg.experiment_id, read_only=True), fingerprint(cfg))

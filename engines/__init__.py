@@ -334,6 +334,11 @@ class EngineSpec(BaseModel):
         """
         return Prompting("completion")
 
+    def identity(self) -> dict[str, str]:
+        """What the model is, beyond the config that names it: ``{"model <name>": digest}`` (a
+        file's sha256, a folder's digest, a hub revision); empty for engines without a model."""
+        return {}
+
     def count_tokens(self, prompts: Sequence[str]) -> np.ndarray | None:
         """Each prompt's tokens as this engine will send it (chat template, BOS and special
         tokens as the engine evaluates them), counted in this process; None when the engine

@@ -60,6 +60,10 @@ class MixtureSpec(BaseModel):
         """Each component's prompt format (see ``EngineSpec.prompting``)."""
         return engines.Prompting("mixture", components=tuple(c.engine.prompting() for c in self.components))
 
+    def identity(self) -> dict[str, str]:
+        """Every component's model (see ``EngineSpec.identity``)."""
+        return {k: v for c in self.components for k, v in c.engine.identity().items()}
+
     def check_context(self, prompts: Any, reserve: int, mode: str) -> None:
         """Every component must fit the prompts (see ``EngineSpec.check_context``)."""
         for c in self.components:

@@ -73,6 +73,10 @@ class OpenAISpec(EngineSpec):
         """The configured format; the chat template is the server's (not visible to keynes)."""
         return ServerPrompting(self.prompt_format)
 
+    def identity(self) -> dict[str, str]:
+        """The server and the model name it serves (what the server holds is not visible)."""
+        return {f"model {self.model}": f"served:{self.base_url.rstrip('/')} {self.model}"}
+
     def rate_limits(self) -> tuple[float | None, float | None]:
         return self.requests_per_minute, self.tokens_per_minute
 

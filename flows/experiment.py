@@ -13,6 +13,7 @@ With ``continue: true`` each run plays only the next round.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import groupby
@@ -24,8 +25,10 @@ from prefect.states import Completed
 from design.arms import Arm, check_prompt_inputs
 from design.budget import check_context
 from design.config import ConfigError, ExperimentConfig
+from design.inputs import check_inputs, fingerprint
 from design.loading import load_config
 from design.prompting import check_prompting, engine_index
+from design.provenance import collect as provenance_now
 from design.shards import sized
 from flows import monitor
 from flows.failures import one_line_failures
@@ -162,6 +165,8 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     logger = get_run_logger()
     warehouse = store.open_warehouse(cfg.db)
     arms = cfg.arms_list()
+    # Before anything runs: the same experiment id with other templates or models is refused.
+    inputs = check_inputs(cfg.experiment_id, store.recorded_inputs(warehouse, cfg.experiment_id), fingerprint(cfg, arms))
     finished = store.finished_rounds(warehouse, [a.run_id for a in arms])
     plan = round_plan(cfg, arms, finished)
     # The shard size this run plays with (recorded with the config below): the first run's when
@@ -171,6 +176,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         # Nothing to play (e.g. a scheduled `continue: true` experiment that reached game.rounds):
         # end at once, without starting Ray, and say so where the user looks (log and state).
         store.close_statuses(warehouse, cfg.experiment_id, [a.run_id for a in arms])
+        store.record_inputs(warehouse, cfg.experiment_id, inputs)  # one recorded before inputs were gets them
         # A run killed after its last round was stored but before that round's analyses: add
         # them now (with nothing missing this costs three small queries).
         analyses_s = _analyse(warehouse, cfg.experiment_id, arms[-1].run_id, cfg.game.rounds)
@@ -186,6 +192,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
     store.begin_experiment(
         warehouse, cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, cfg.population.size
     )
+    store.record_inputs(warehouse, cfg.experiment_id, inputs)
     mark("flow: experiment row")
     rounds: dict[str, ArmPlayed] = {}
     try:
@@ -217,6 +224,8 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         if dashboard_url:
             print(f"Ray dashboard: {monitor.publish_dashboard(dashboard_url)}")
         store.begin_runs(warehouse, [store.run_row(cfg.experiment_id, arm, prompting[arm.run_id]) for arm in arms])
+        session = _session()
+        store.begin_provenance(warehouse, session, cfg.experiment_id, [a for a in arms if plan[a.run_id]], provenance_now())
         mark("flow: run rows")
         monitor.publish_report(cfg.experiment_id)  # the live page, when a report server runs
         since = datetime.now(timezone.utc)
@@ -229,6 +238,8 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
                 group = list(same_engine)
                 for arm in group:
                     rounds[arm.run_id] = _play_arm(cfg, arm, plan[arm.run_id], finished[arm.run_id], personas, warehouse, since, workers)
+                    if plan[arm.run_id]:
+                        store.finish_provenance(warehouse, arm.run_id, session, plan[arm.run_id])
                 if any(plan[arm.run_id] for arm in group):
                     shutdown_pools()
                     mark("flow: actors released")
@@ -259,6 +270,13 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         "" if complete else " (continue: the next run plays the next round)",
     )
     return summary
+
+
+def _session() -> str:
+    """This run of the flow, as provenance rows name it: its Prefect flow run id."""
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id or uuid.uuid4())
 
 
 def _play_arm(

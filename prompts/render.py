@@ -41,23 +41,39 @@ def _environment(directory: str) -> jinja2.Environment:
     return env
 
 
-@lru_cache(maxsize=None)
-def _template(path: str) -> tuple[jinja2.Template, frozenset[str]]:
-    """The compiled template and the top-level variables it (and its includes) use."""
+def _sources(path: str) -> tuple[jinja2.Environment, str, list[tuple[str, str, jinja2.nodes.Template]]]:
+    """The template's environment and name, and the template and each template it includes
+    (at any depth), read now from disk as the environment's loader finds them: (file, text, parsed)."""
     file = Path(path) if Path(path).is_absolute() else TEMPLATE_DIR / path
     env = _environment(str(file.parent))
-    names: set[str] = set()
+    found: list[tuple[str, str, jinja2.nodes.Template]] = []
     pending, seen = [file.name], set()
     while pending:
         name = pending.pop()
         if name in seen:
             continue
         seen.add(name)
-        source = env.loader.get_source(env, name)[0]
+        source, filename, _ = env.loader.get_source(env, name)
         ast = env.parse(source)
-        names |= jinja2.meta.find_undeclared_variables(ast)
+        found.append((filename or name, source, ast))
         pending += [n for n in jinja2.meta.find_referenced_templates(ast) if n]
-    return env.get_template(file.name), frozenset(names)
+    return env, file.name, found
+
+
+@lru_cache(maxsize=None)
+def _template(path: str) -> tuple[jinja2.Template, frozenset[str]]:
+    """The compiled template and the top-level variables it (and its includes) use."""
+    env, name, found = _sources(path)
+    names: set[str] = set()
+    for _, _, ast in found:
+        names |= jinja2.meta.find_undeclared_variables(ast)
+    return env.get_template(name), frozenset(names)
+
+
+def template_files(path: str) -> dict[str, str]:
+    """The text of a template and of every template it includes, by file, as a render would
+    read them now (not the compiled templates this process keeps)."""
+    return {str(Path(filename).resolve()): source for filename, source, _ in _sources(path)[2]}
 
 
 def template_variables(path: str) -> frozenset[str]:

@@ -13,8 +13,9 @@ import polars as pl
 
 from reports.data import ReportData
 from reports.depth import exact_answers, paired_comparisons, read_the_agents, reasoning_depth
-from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, grid, markdown, plain, table
+from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, grid, markdown, plain, table, text_block
 from reports.pools import arm_published, published_pools
+from warehouse.provenance import session_lines
 
 HEADER_COLOR = "#2b4a6f"
 #: How many values an attribute may have and still get its own comparison figure.
@@ -150,6 +151,14 @@ def references(data: ReportData) -> list[pn.viewable.Viewable]:
     return [markdown("### Human reference results\n" + lines)]
 
 
+def provenance_footer(data: ReportData) -> list[pn.viewable.Viewable]:
+    """What computed the answers, session by session: keynes and its commit, Python, packages,
+    machine, models and templates (``keynes show`` prints the same)."""
+    if not data.provenance:
+        return [markdown("## Provenance\nNone recorded: these rounds were played before keynes recorded provenance.")]
+    return [markdown("## Provenance"), text_block("\n".join(line for s in data.provenance for line in session_lines(s)))]
+
+
 def build_page(data: ReportData, title: str | None = None, served: bool = False) -> pn.template.BaseTemplate:
     """The whole page of one experiment (or a comparison of several) as a Panel template.
 
@@ -175,5 +184,6 @@ def build_page(data: ReportData, title: str | None = None, served: bool = False)
     main += answers_and_cost(data) + references(data)
     for row in data.experiments.iter_rows(named=True):
         main += [markdown(f"## Config{': ' + plain(data.labels[row['experiment_id']]) if data.comparing else ''}"), config_block(row["config"])]
+    main += provenance_footer(data)
     page.main.append(pn.Column(*main, sizing_mode="stretch_width"))
     return page

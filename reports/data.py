@@ -17,6 +17,7 @@ import polars as pl
 
 from core.game import History
 from warehouse import report_queries as queries
+from warehouse.provenance import provenance_rows, sessions
 from warehouse.report_queries import experiment_index, experiment_version
 from warehouse.store import Warehouse
 
@@ -133,6 +134,11 @@ class ReportData:
         experiments stored before the setting existed: its default)."""
         configs = self.experiments.select("experiment_id", "config").iter_rows()
         return {e: History.model_validate(_loaded(c).get("game", {}).get("history", {})).describe() for e, c in configs}
+
+    @cached_property
+    def provenance(self) -> list[dict[str, Any]]:
+        """What computed the page's experiments: one entry per session (``warehouse.provenance.sessions``)."""
+        return sessions(provenance_rows(self.warehouse, self.experiment_ids))
 
     @cached_property
     def overview(self) -> dict[str, Any]:

@@ -324,6 +324,10 @@ def markdown(text: str, **kwargs) -> pn.pane.Markdown:
 def config_block(config: Any) -> pn.pane.Markdown:
     """The experiment's stored config as YAML (the format it was written in), in a code block
     that no run of backticks in it can close."""
-    text = yaml.safe_dump(json.loads(config) if isinstance(config, str) else config, sort_keys=False, width=100)
+    return text_block(yaml.safe_dump(json.loads(config) if isinstance(config, str) else config, sort_keys=False, width=100), "yaml")
+
+
+def text_block(text: str, language: str = "text") -> pn.pane.Markdown:
+    """``text`` as it is, in a code block that no run of backticks in it can close."""
     fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", text)), default=0))
-    return markdown(f"{fence}yaml\n{text}{fence}")
+    return markdown(f"{fence}{language}\n{text.rstrip(chr(10))}\n{fence}")

@@ -39,16 +39,20 @@ from prefect.cache_policies import NONE
 
 from core.game import RoundOutcome
 from design.arms import Arm
+from design.inputs import arm_inputs
+from design.provenance import Environment
 from engines import Prompting
 from tasks.actor import ShardJob, ShardResult
 from tasks.retries import ON_TRANSIENT_ERRORS
+from warehouse import provenance
 from warehouse.backstories import read_backstories, write_backstories
 from warehouse.store import RunRow, ShardRecord, Warehouse, WarehouseError
 
 __all__ = [
     "AnalysesStored", "RunRow", "StoredRound", "Warehouse", "WarehouseError", "WorkerLoad", "begin_experiment", "begin_runs",
-    "cached_backstories", "close_statuses", "commit_shards", "finish_experiment", "finish_run", "finished_rounds", "held",
-    "load_round", "mark_interrupted", "open_warehouse", "personas_identity", "read_personas", "recorded_shard_size", "round_summary", "run_row",
+    "begin_provenance", "cached_backstories", "close_statuses", "commit_shards", "finish_experiment", "finish_provenance", "finish_run",
+    "finished_rounds", "held", "load_round", "mark_interrupted", "open_warehouse", "personas_identity", "read_personas", "record_inputs",
+    "recorded_inputs", "recorded_shard_size", "round_summary", "run_row",
     "store_analyses", "store_backstories", "store_groups", "store_outcome", "store_personas", "stored_personas", "stored_round",
     "workers",
 ]
@@ -108,6 +112,36 @@ def begin_experiment(
 ) -> None:
     """Record the experiment (status ``running``); a rerun keeps its first ``created_at``."""
     warehouse.begin_experiment(experiment_id, name, config, config_hash, seed, population)
+
+
+def recorded_inputs(warehouse: Warehouse, experiment_id: str) -> dict[str, str] | None:
+    """The inputs the experiment's first run recorded (None: new, or recorded before inputs were)."""
+    return provenance.recorded_inputs(warehouse, experiment_id)
+
+
+def record_inputs(warehouse: Warehouse, experiment_id: str, inputs: dict[str, str]) -> None:
+    """Record the experiment's inputs, as ``design.inputs.check_inputs`` returns them."""
+    provenance.record_inputs(warehouse, experiment_id, inputs)
+
+
+def begin_provenance(warehouse: Warehouse, session: str, experiment_id: str, arms: list[Arm], environment: Environment) -> None:
+    """Record what computes each of ``arms`` in this session: the environment, and each arm's
+    models and templates (``design.inputs.arm_inputs``)."""
+    rows = []
+    for arm in arms:
+        inputs = arm_inputs(arm)
+        templates = {k: v for k, v in inputs.items() if k.startswith("template ")}
+        rows.append(provenance.ProvenanceRow(
+            arm.run_id, session, experiment_id, environment.keynes_version, environment.git_commit, environment.git_modified,
+            environment.python, environment.packages, {k: v for k, v in inputs.items() if k not in templates}, templates,
+            environment.machine,
+        ))
+    provenance.begin_provenance(warehouse, rows)
+
+
+def finish_provenance(warehouse: Warehouse, run_id: str, session: str, rounds: list[int]) -> None:
+    """This session played these rounds of the arm and is done with it."""
+    provenance.finish_provenance(warehouse, run_id, session, rounds)
 
 
 def begin_runs(warehouse: Warehouse, runs: list[RunRow]) -> None:

@@ -227,6 +227,30 @@ MIGRATIONS: list[str] = [
     ALTER TABLE shards ADD COLUMN tokens_evaluated BIGINT;
     ALTER TABLE shards ADD COLUMN tokens_bound BIGINT;
     """,
+    # 8 -> 9: what decided an experiment's answers beyond its config (experiments.inputs: each
+    # template's, model's and chat template's digest, recorded by its first run; NULL: recorded
+    # before inputs were) and what computed each run (provenance: one row per arm and session,
+    # a session being one run of the flow)
+    """
+    ALTER TABLE experiments ADD COLUMN IF NOT EXISTS inputs JSON;
+    CREATE TABLE IF NOT EXISTS provenance (
+        run_id         VARCHAR NOT NULL,
+        session        VARCHAR NOT NULL,   -- the flow run that played it (Prefect's flow run id)
+        experiment_id  VARCHAR NOT NULL,
+        started_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+        finished_at    TIMESTAMPTZ,
+        rounds         INTEGER[],          -- the rounds this session played, once it finished them
+        keynes_version VARCHAR,
+        git_commit     VARCHAR,            -- NULL: keynes not run from a git checkout
+        git_modified   BOOLEAN,            -- the checkout had uncommitted changes
+        python         VARCHAR NOT NULL,
+        packages       JSON NOT NULL,      -- name -> version of the packages that compute answers
+        models         JSON NOT NULL,      -- model and chat template digests (as experiments.inputs names them)
+        templates      JSON NOT NULL,      -- prompt template digests, includes too
+        machine        JSON NOT NULL,      -- cpu, cores, vector_extensions, gpus, platform, memory_gib
+        PRIMARY KEY (run_id, session)
+    );
+    """,
 ]
 
 

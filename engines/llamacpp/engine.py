@@ -89,6 +89,14 @@ class LlamaCppSpec(EngineSpec):
         fmt = prompt_format(self.model, self.prompt_format, digest is not None)
         return Prompting(fmt, digest if fmt == "chat" else None)
 
+    def identity(self) -> dict[str, str]:
+        """The GGUF's sha256: a bundled model's is known (its file is checked against it), a
+        file's is hashed once per path, size and mtime (``engines.identity``)."""
+        from engines.identity import file_sha256
+
+        digest = MODELS[self.model].sha256 if self.model in MODELS else file_sha256(gguf_path(self.model))
+        return {f"model {self.model}": f"sha256:{digest}"}
+
     def check_context(self, prompts: Sequence[str], reserve: int, mode: str) -> None:
         """``EngineSpec.check_context``, without the tokenizer when the prompts' bytes settle it.
 

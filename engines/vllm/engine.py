@@ -106,6 +106,19 @@ class VllmSpec(EngineSpec):
         fmt = prompt_format(self.model, self.prompt_format, digest is not None)
         return Prompting(fmt, digest if fmt == "chat" else None)
 
+    def identity(self) -> dict[str, str]:
+        """A bundled model's GGUF sha256 (its folder is converted from it), a local folder's
+        digest, or a hub id's revision (``engines.identity``)."""
+        from engines.identity import folder_digest, hub_revision
+        from engines.models import MODELS
+
+        if self.model in MODELS:
+            return {f"model {self.model}": f"sha256:{MODELS[self.model].sha256}"}
+        folder = Path(self.model).expanduser()
+        if folder.is_dir():
+            return {f"model {self.model}": f"folder:{folder_digest(folder)}"}
+        return {f"model {self.model}": f"hf:{hub_revision(self.model)}"}
+
     def llm_kwargs(self, model_path: str) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments this spec stands for."""
         kwargs: dict[str, Any] = {

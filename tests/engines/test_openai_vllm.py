@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -153,7 +154,7 @@ def test_start_up_failures_each_say_one_line_naming_the_setting(vllm_server, mon
     # A tokenizer that does not add Gemma's BOS, as the server's does: not the served model's.
     folder = tmp_path / "no-bos"
     folder.mkdir()
-    source = vllm_model("gemma-3-270m")
+    source = Path(vllm_model("gemma-3-270m"))
     for name in ("tokenizer_config.json", "generation_config.json"):
         shutil.copy(source / name, folder / name)
     data = json.loads((source / "tokenizer.json").read_text())
@@ -169,7 +170,7 @@ def test_keynes_run_stops_before_anything_is_written_when_the_server_is_down(tmp
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 2, out.stderr
-    assert len(lines) == 1 and lines[0].startswith(f"arms.engines.0: base_url: no server answers at {down}"), out.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: arms.engines.0: base_url: no server answers at {down}"), out.stderr
     assert not db.exists()
 
 

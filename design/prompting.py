@@ -12,10 +12,12 @@ from engines import Prompting
 
 
 def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, Prompting]:
-    """Each arm's prompt format, resolved before anything runs (see ``EngineSpec.prompting``).
+    """Each arm's prompt format, resolved before anything runs (see ``EngineSpec.prompting``), and
+    what its engine's server cannot give (``EngineSpec.check_server``).
 
     Raises:
-        ConfigError: one line naming the engine, e.g. ``chat`` for a GGUF without a template.
+        ConfigError: one line naming the engine, e.g. ``chat`` for a GGUF without a template, or
+            a vLLM server started without raw logits for exact answers.
     """
     from engines.models import ModelError
 
@@ -23,6 +25,7 @@ def check_prompting(cfg: ExperimentConfig, arms: list[Arm]) -> dict[str, Prompti
     for arm in arms:
         try:
             out[arm.run_id] = arm.engine.prompting()
+            arm.engine.check_server()
         except (ModelError, OSError, ValueError) as exc:  # also a path that is no model file, or too long a name
             raise ConfigError(f"arms.engines.{engine_index(cfg, arm)}: {getattr(exc, 'strerror', None) or exc}") from None
     return out

@@ -393,6 +393,13 @@ class EngineSpec(BaseModel):
         """Requests and tokens per minute that every actor of this engine shares (None: no limit)."""
         return None, None
 
+    def check_server(self) -> None:
+        """Before a run starts: what this engine's server cannot give, found once.
+
+        Raises:
+            ValueError: one line naming the setting and the fix (engines without a server check nothing).
+        """
+
     @property
     def key(self) -> str:
         """A short stable hash of this spec: one actor pool per distinct engine."""

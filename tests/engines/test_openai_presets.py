@@ -1,0 +1,56 @@
+"""The openai engine's ``server:`` presets: the defaults each kind of server gets, every one still
+settable by hand, and a config without ``server:`` meaning what it meant before presets."""
+
+from __future__ import annotations
+
+import pytest
+
+from engines import Constraint, parse_spec
+from engines.openai.engine import _constraint_fields, _json_answer
+from engines.openai.exact import api_root, steps_of
+
+pytestmark = pytest.mark.quick
+
+
+def spec(**settings):
+    return parse_spec({"kind": "openai", "base_url": "http://127.0.0.1:8000/v1", "model": "m", **settings})
+
+
+@pytest.mark.parametrize("server, prompt_format, fields, shared", [
+    ("generic", "completion", ("grammar", "structured_outputs"), False),
+    ("vllm", "completion", ("structured_outputs",), True),
+    ("llamacpp", "completion", ("grammar",), False),
+    ("openai", "chat", (), False),
+])
+def test_each_preset_sets_its_defaults(server, prompt_format, fields, shared):
+    s = spec(server=server)
+    assert (s.prompt_format, s.constraint_fields, s.shared_context, s.uses_shared_context) == (prompt_format, fields, shared, shared)
+
+
+def test_no_preset_is_the_engine_as_it_was_and_every_field_can_be_set_by_hand():
+    assert spec() == spec(server="generic")
+    assert (spec().prompt_format, spec().constraint_fields, spec().uses_shared_context) == ("completion", ("grammar", "structured_outputs"), False)
+    s = spec(server="vllm", prompt_format="chat", constraint_fields=[], shared_context=False)
+    assert (s.prompt_format, s.constraint_fields, s.uses_shared_context) == ("chat", (), False)
+    assert spec(server="openai", constraint_fields=["response_format"]).constraint_fields == ("response_format",)
+    # Presets change the engine's settings, so its key (one actor pool per distinct engine).
+    assert len({spec(server=k).key for k in ("generic", "vllm", "llamacpp", "openai")}) == 4
+
+
+def test_a_hosted_api_gets_its_constraint_as_a_json_schema_and_the_number_is_read_back():
+    body = _constraint_fields(Constraint(0, 100, True), ("response_format",))
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert body["response_format"]["type"] == "json_schema" and "grammar" not in body
+    assert schema["properties"]["answer"] == {"type": "integer", "minimum": 0, "maximum": 100}
+    assert schema["required"] == ["answer"] and schema["additionalProperties"] is False
+    assert _json_answer('{"answer": 42}') == "42" and _json_answer('{"answer": 42.0}') == "42"
+    assert _json_answer('{"answer": 3.5}') == "3.5" and _json_answer("42") == "42" and _json_answer('{"x": 1}') == '{"x": 1}'
+
+
+def test_the_exact_path_reads_vllms_answers():
+    assert api_root("http://h:8000/v1/") == "http://h:8000" and api_root("http://h:8000") == "http://h:8000"
+    response = {"choices": [
+        {"index": 1, "logprobs": {"top_logprobs": [{"token_id:7": 1.5, "token_id:9": -2.0}]}},
+        {"index": 0, "logprobs": {"top_logprobs": [{"token_id:3": 0.25}]}},
+    ]}
+    assert steps_of(response, 2) == [{3: 0.25}, {7: 1.5, 9: -2.0}]

@@ -4,7 +4,8 @@ The figures of *Very Large-Scale Multi-Agent Simulation in AgentScope* (arXiv 24
 written out here once more, as the paper prints them, and each row of the view (a real DuckDB
 file) must hold exactly one of them, with its prompt mode, round, model and source; which served
 model names each row's ``model_match`` takes for its own, and which it must not, is checked in
-DuckDB's regular expressions, as the report's query matches them.
+DuckDB's regular expressions, as the report's query matches them; a warehouse whose view predates
+these rows shows them once opened.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from core.game import GameRule
 from tests.warehouse.conftest import fill
 from warehouse.llm_references import LLM_REFERENCE, PAPER_SOURCE
+from warehouse.store import Warehouse
 
 pytestmark = pytest.mark.quick
 
@@ -80,3 +82,16 @@ def test_each_model_match_takes_its_served_names_and_no_others(view):
                               "ON regexp_matches(n.name, r.model_match, 'i') GROUP BY ALL").fetchall()
     assert {name: [m for m in models if m] for name, models in matched} == {
         name: [own] if own else [] for own, name in names}
+
+
+def test_a_warehouse_whose_view_predates_the_papers_rows_shows_them_when_opened(tmp_path):
+    path = tmp_path / "older.duckdb"
+    fill(path, [(0, "basic", "fixture/a", GameRule(ratio="2/3"))], rounds=1)
+    with duckdb.connect(str(path)) as con:  # the view as an older keynes wrote it: GAMA-Bench's pools only
+        sql = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'llm_reference'").fetchone()[0]
+        body = sql.split(" AS ", 1)[1].rstrip(";")
+        con.execute(f"CREATE OR REPLACE VIEW llm_reference AS SELECT * FROM ({body}) WHERE source LIKE 'GAMA%'")
+        con.execute("COMMENT ON VIEW llm_reference IS 'GAMA-Bench only [keynes:000000000000]'")
+        assert con.execute("SELECT count(*) FROM llm_reference").fetchone() == (13,)
+    reopened = Warehouse(path)
+    assert reopened.query("SELECT count(*) AS n FROM llm_reference WHERE source = ?", [PAPER_SOURCE])["n"][0] == len(EXPECTED)

@@ -14,7 +14,7 @@ import polars as pl
 from reports.data import ReportData
 from reports.depth import exact_answers, paired_comparisons, read_the_agents, reasoning_depth
 from reports.figures import BarsByArm, ByAttribute, CompareByRound, Composition, Convergence, RoundHistogram, config_block, fmt, grid, markdown, plain, table, text_block
-from reports.pools import arm_published, published_pools
+from reports.pools import arm_paper, arm_published, published_pools
 from warehouse.provenance import session_lines
 
 HEADER_COLOR = "#2b4a6f"
@@ -84,6 +84,7 @@ def arm_section(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
                        "winning_guess": "winning number", "n_winners": "winners",
                        "distance_to_equilibrium": "distance to equilibrium", "seconds": "seconds"}),
         *arm_published(data, arm),
+        *arm_paper(data, arm),
         grid(histograms),
         Convergence(data.convergence.filter(pl.col("arm") == arm), rule, reference, label),
     ]

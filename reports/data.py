@@ -17,6 +17,7 @@ import polars as pl
 
 from core.game import History
 from warehouse import report_queries as queries
+from warehouse.llm_references import PAPER_MODELS, PAPER_SOURCE
 from warehouse.provenance import provenance_rows, sessions
 from warehouse.report_queries import experiment_index, experiment_version
 from warehouse.store import Warehouse
@@ -253,6 +254,24 @@ class ReportData:
         return self._renumber(queries.llm_rows(self.warehouse, self.experiment_ids)).drop("experiment_id")
 
     @cached_property
+    def paper_rounds(self) -> pl.DataFrame:
+        """The seed paper's average guesses beside each arm's round means, for the arm's prompt mode and round.
+
+        One row per arm that plays the paper's game, round it played and model of the paper with a
+        figure for that prompt mode and round, the paper's models in its order: arm, round, mean and
+        n_valid (the arm's), model, value (the paper's), same_model; model and value are None on a
+        round with no figure of the paper (every round, for a prompt mode it did not use).
+        """
+        paper = self.llm_pools.filter(pl.col("source") == PAPER_SOURCE).with_columns(pl.col("arm", "round").cast(pl.Int32))
+        modes = self.arms.select(pl.col("arm").cast(pl.Int32), pl.col("prompt_mode").alias("arm_mode"))
+        own = paper.join(modes, on="arm").filter(pl.col("prompt_mode") == pl.col("arm_mode")).select(
+            "arm", "round", "model", "value", "same_model")
+        played = self.rounds.select(pl.col("arm", "round").cast(pl.Int32), "mean", "n_valid").join(
+            paper.select("arm").unique(), on="arm")
+        rank = pl.col("model").replace_strict({m: i for i, m in enumerate(PAPER_MODELS)}, default=None, return_dtype=pl.Int32)
+        return played.join(own, on=["arm", "round"], how="left").sort("arm", "round", rank, nulls_last=True)
+
+    @cached_property
     def pool_table(self) -> pl.DataFrame:
         """The arms that play a published pool's game beside those pools, lowest round-1 mean first.
 
@@ -264,7 +283,8 @@ class ReportData:
         pools = self.llm_pools.filter((pl.col("round") == 1) & (pl.col("statistic") == "mean"))
         if pools.is_empty():
             return pl.DataFrame()
-        pools = pools.with_columns(player=pl.format("{} · {}", pl.col("model"), pl.col("source").str.split(" (").list.first()))
+        pools = pools.with_columns(player=pl.format("{} · {} · {}", pl.col("model"), pl.col("source").str.split(" (").list.first(),
+                                                    pl.col("prompt_mode")))
         labels = {a: self.arm_label(a) for a in pools["arm"].unique().to_list()}
         matched = pools.filter(pl.col("same_model"))
         first = self.rounds.filter(pl.col("round") == 1).select("arm", "mean", "n_valid")

@@ -2,7 +2,8 @@
 
 ``published_pools`` is the page's section (a plot and a table of round-1 means, arms and pools
 together, the pool of an arm's own model marked, then each source's citation); ``arm_published``
-is the line under an arm's round table. Nothing is computed here.
+is the line under an arm's round table, ``arm_paper`` the table of its round means beside the seed
+paper's for its prompt mode. Nothing is computed here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import polars as pl
 
 from reports.data import ReportData
 from reports.figures import PoolMeans, fmt, markdown, plain, table
+from warehouse.llm_references import PAPER_PROMPTS, PAPER_SHORT
 
 #: Marks a row whose model has a published pool on the page (and that pool).
 SAME = "◆"
@@ -27,12 +29,44 @@ def arm_published(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
     mean = fmt(first["mean"][0] if first.height else None)
     same = pools.filter(pl.col("same_model"))
     if same.height:
-        published = "; ".join(plain(f"{r['model']} {fmt(r['value'])} (n = {r['n']}, {r['prompt_mode']}, {r['source']})")
+        published = "; ".join(plain(f"{r['model']} {fmt(r['value'])} ({_n(r['n'])}, {r['prompt_mode']}, {r['source']})")
                               for r in same.iter_rows(named=True))
         return [markdown(f"{SAME} **Published round-1 mean of this model:** {published}. This arm's round-1 mean: {mean}.")]
     model = data.arms.filter(pl.col("arm") == arm)["model"][0]
     return [markdown(f"No published round-1 mean of {plain(model)} in `llm_reference`; this arm's round-1 mean ({mean}) stands beside "
                 f"{pools.height} published LLM pools of the same game under *Published LLM pools*.")]
+
+
+def _n(n: int | None) -> str:
+    return "n not stated" if n is None else f"n = {n}"
+
+
+def arm_paper(data: ReportData, arm: int) -> list[pn.viewable.Viewable]:
+    """The arm's mean per round beside the seed paper's average guesses for its prompt mode and round,
+    one column per model of the paper (the arm's own model marked); one line when the paper used
+    no such prompt; nothing when the arm plays a game the paper did not."""
+    rows = data.paper_rounds.filter(pl.col("arm") == arm)
+    if rows.is_empty():
+        return []
+    mode = data.arms.filter(pl.col("arm") == arm)["prompt_mode"][0]
+    figures = rows.filter(pl.col("model").is_not_null())
+    if figures.is_empty():
+        used = ", ".join(f"{m} ({p})" for m, (p, _) in PAPER_PROMPTS.items())
+        return [markdown(f"The seed paper ({PAPER_SHORT}) prints no average guess for prompt mode {plain(mode)}; "
+                         f"its figures are for {used}.")]
+    models = figures["model"].unique(maintain_order=True).to_list()
+    same = set(figures.filter(pl.col("same_model"))["model"].to_list())
+    wide = rows.select("round", "mean", "n_valid").unique(maintain_order=True).join(
+        figures.pivot(on="model", index="round", values="value"), on="round", how="left")
+    prompt, words = PAPER_PROMPTS[mode]
+    return [
+        markdown(f"**The seed paper beside this arm** ({PAPER_SHORT}): the average guess of each of "
+                 f"its models under {prompt} ({words}; keynes's {plain(mode)}), round 1 from its models × prompts "
+                 "experiment, later rounds from its five-round experiment; – where it prints none."
+                 + (f" {SAME} marks this arm's own model." if same else "")),
+        table(wide, {"round": "round", "mean": "this arm", "n_valid": "valid guesses",
+                     **{m: f"{m} {SAME}" if m in same else m for m in models}}),
+    ]
 
 
 def published_pools(data: ReportData) -> list[pn.viewable.Viewable]:

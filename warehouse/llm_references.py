@@ -1,9 +1,9 @@
 """Published results of LLM players, each row with its source and citation, for the ``llm_reference`` view.
 
-Reports set an arm's round-1 mean beside the published pools that played the same game, and mark
-the pool of the arm's own model (``model_match``, a regular expression on the arm's model name).
+Reports set an arm's round-1 mean beside the published pools that played the same game, and its
+round means beside the seed paper's (arXiv 2407.17789v2) for the same prompt mode and round, marking
+the pools of the arm's own model (``model_match``, a regular expression on the arm's model name).
 Only figures read in, or computed from, the cited source are listed; docs/warehouse.md says how.
-The seed paper's own figures (arXiv 2407.17789) are not listed: none could be read in a source yet.
 """
 
 from __future__ import annotations
@@ -28,21 +28,23 @@ _GAMA_SETTING = ("10 players × 20 rounds, integers in [0, 100], direct answer a
 class LLMReference:
     """One published result of an LLM pool: ``statistic`` (``mean``) of its guesses in ``round``.
 
-    ``model`` is the name the source prints, ``model_id`` the model its records name, and
-    ``model_match`` a case-insensitive regular expression that an arm's model name matches when it
-    is the same model. ``run_means`` are the per-game values that ``value`` pools (``n`` guesses).
+    ``model`` is the name the source prints, ``model_id`` the model its records name (None: it
+    names no checkpoint), and ``model_match`` a case-insensitive regular expression that an arm's
+    model name matches when it is the same model. ``run_means`` are the per-game values that
+    ``value`` pools (``n`` guesses). None in ``runs``, ``n`` or ``run_means``: the source does not
+    state it (``derivation`` says so).
     """
 
     source: str
     citation: str
     url: str
     model: str
-    model_id: str
+    model_id: str | None
     model_match: str
     prompt_mode: str
     setting: str
     players: int
-    runs: int
+    runs: int | None
     ratio: str
     offset: float
     low: float
@@ -50,8 +52,8 @@ class LLMReference:
     round: int
     statistic: str
     value: float
-    n: int
-    run_means: tuple[float, ...]
+    n: int | None
+    run_means: tuple[float, ...] | None
     derivation: str
 
 
@@ -85,6 +87,59 @@ LLM_REFERENCE: list[LLMReference] = [
     _gama("GPT-3.5-1106", "gpt-3.5-turbo-1106", r"gpt-3\.5-turbo-1106\b", "gpt-3.5-turbo-1106_", (50, 50, 50, 50, 50), 2500, 50.0),
     _gama("GPT-3.5-0613", "gpt-3.5-turbo-0613", r"gpt-3\.5-turbo-0613\b", "gpt-3.5-turbo-0613_", (50, 50, 50, 50, 50), 2500, 50.0),
     _gama("Gemini-1.0-Pro", "gemini-1.0-pro", r"gemini-1\.0-pro\b", "gemini-1.0-pro_", (62.1, 59.5, 58.4, 59.8, 59.3), 2991, 59.82),
+]
+
+#: The seed paper, whose experiments keynes follows: its guessing-game figures as printed.
+PAPER_SOURCE = "AgentScope paper (Pan et al. 2024)"
+#: How a page names it in a sentence.
+PAPER_SHORT = "Pan et al. 2024, arXiv 2407.17789v2"
+_PAPER_CITATION = ("Pan, Gao, Xie, Chen, Wei, Li, Ding, Wen & Zhou (2024), Very Large-Scale Multi-Agent Simulation "
+                   "in AgentScope, arXiv 2407.17789v2")
+_PAPER_URL = "https://arxiv.org/abs/2407.17789v2"
+#: keynes's prompt mode → the paper's prompt, and what it adds to the rules.
+PAPER_PROMPTS = {"basic": ("P1", "directly report your number"), "cot": ("P2", "think step by step, then report your number"),
+                 "cot_rational": ("P3", "P2 + all players are rational"),
+                 "cot_strategic": ("P4", "P2 + try to guess others' strategies")}
+#: Round-1 average guess of the paper's models × prompts experiment, P1 … P4, by the name it prints and
+#: a pattern of that model's usual served names (Hugging Face, Ollama, GGUF files).
+_PAPER_ROUND_ONE = {
+    ("Llama3-8B", r"llama-?3[-:_]?8b\b"): (55.89, 49.85, 47.84, 47.09),
+    ("Llama3-70B", r"llama-?3[-:_]?70b\b"): (50.30, 34.18, 36.11, 17.15),
+    ("MistralAI-8x7B", r"(mixtral|mistralai)[-:]8x7b\b"): (36.63, 37.57, 35.19, 24.42),
+    ("MistralAI-8x22B", r"(mixtral|mistralai)[-:]8x22b\b"): (31.69, 19.89, 7.62, 7.94),
+    ("Qwen2-7B", r"qwen-?2[-:]7b\b"): (66.96, 32.57, 26.45, 28.38),
+    ("Qwen2-72B", r"qwen-?2[-:]72b\b"): (50.56, 19.15, 8.15, 8.85),
+}
+#: Average guess per round of the paper's five-round experiment (Qwen2-72B), by prompt mode.
+_PAPER_FIVE_ROUNDS = {"basic": (50.56, 42.94, 35.30, 29.95, 25.16), "cot": (19.15, 11.06, 6.11, 3.43, 2.02)}
+_FIVE_ROUND_MODEL = "Qwen2-72B"
+#: The paper's models in the order it prints them.
+PAPER_MODELS = tuple(model for model, _ in _PAPER_ROUND_ONE)
+_FIVE_ROUND_MATCH = next(match for model, match in _PAPER_ROUND_ONE if model == _FIVE_ROUND_MODEL)
+
+
+def _paper(model: str, match: str, mode: str, round_: int, value: float) -> LLMReference:
+    """One average guess the seed paper prints: ``model`` under ``mode``'s prompt in ``round_``."""
+    prompt, words = PAPER_PROMPTS[mode]
+    five = model == _FIVE_ROUND_MODEL and mode in _PAPER_FIVE_ROUNDS
+    experiment = ("its five-round experiment" if round_ > 1 else
+                  "its models × prompts experiment (also round 1 of its five-round experiment)" if five else
+                  "its models × prompts experiment")
+    setting = (f"1,000 agents{' × 5 rounds' if round_ > 1 else ''}, integers in [0, 100], 2/3 of the average; "
+               f"prompt {prompt}: the rules + {words}")
+    derivation = (f"the average guess of {model} under {prompt} in round {round_} of {experiment}, as printed in "
+                  "arXiv 2407.17789v2 (its table and page not recorded), not recomputed; the paper does not state how "
+                  "many games it ran nor how many answers were valid: runs, n and run_means are NULL")
+    return LLMReference(PAPER_SOURCE, _PAPER_CITATION, _PAPER_URL, model, None, match, mode, setting, 1000, None,
+                        "2/3", 0.0, 0.0, 100.0, round_, "mean", value, None, None, derivation)
+
+
+LLM_REFERENCE += [
+    _paper(model, match, mode, 1, value)
+    for (model, match), values in _PAPER_ROUND_ONE.items() for mode, value in zip(PAPER_PROMPTS, values)
+] + [
+    _paper(_FIVE_ROUND_MODEL, _FIVE_ROUND_MATCH, mode, round_, value)
+    for mode, values in _PAPER_FIVE_ROUNDS.items() for round_, value in enumerate(values[1:], start=2)
 ]
 
 #: Columns of the view, in order.

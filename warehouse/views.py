@@ -154,10 +154,11 @@ def _static_views() -> dict[str, tuple[str, str]]:
                 FROM (VALUES {references.values_sql()}) AS t({', '.join(f'"{c}"' for c in references.COLUMNS)})""",
         ),
         "llm_reference": (
-            "Published results of LLM players with their source, citation and url: per model and game rule, a "
-            "statistic (round-1 mean of GAMA-Bench's guessing game, Huang et al. 2025) with n, players, runs and "
-            "the per-run values; model_match is a case-insensitive regular expression an arm's model name matches "
-            "when it is the same model.",
+            "Published results of LLM players with their source, citation and url: per model, prompt mode, game rule "
+            "and round, a statistic (round-1 means of GAMA-Bench's guessing game, Huang et al. 2025; the seed paper's "
+            "average guesses, Pan et al. 2024, prompts P1-P4 in round 1 and Qwen2-72B's five rounds) with n, players, "
+            "runs and the per-run values (NULL where the source does not state them); model_match is a "
+            "case-insensitive regular expression an arm's model name matches when it is the same model.",
             f"""SELECT source, citation, url, model, model_id, model_match, prompt_mode, setting,
                        players::INTEGER AS players, runs::INTEGER AS runs, ratio, "offset"::DOUBLE AS "offset",
                        low::DOUBLE AS low, high::DOUBLE AS high, round::INTEGER AS round, statistic,

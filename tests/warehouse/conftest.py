@@ -46,7 +46,7 @@ def answers(rng: np.random.Generator, centre: float) -> list[str]:
     return [g if bad else v for v, bad, g in zip(values, garbage, picks)]
 
 
-def fill(path, arms: list = ARMS) -> Warehouse:
+def fill(path, arms: list = ARMS, rounds: int = ROUNDS) -> Warehouse:
     rng = np.random.default_rng(2026)
     wh = Warehouse(path)
     wh.begin_experiment(EXPERIMENT, "views", {"name": "views"}, "0001", 1, N)
@@ -61,7 +61,7 @@ def fill(path, arms: list = ARMS) -> Warehouse:
             spec={"kind": "fixture"},
         ))
         centre = 50.0 - 5 * arm
-        for round_ in range(1, ROUNDS + 1):
+        for round_ in range(1, rounds + 1):
             raw = answers(rng, centre)
             parsed = parse_answers(pl.Series(raw, dtype=pl.String), rule.low, rule.high, rule.integer)
             guesses = pl.DataFrame({

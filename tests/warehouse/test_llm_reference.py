@@ -1,8 +1,9 @@
-"""The ``llm_reference`` view: published LLM pools with their citations, and which arm plays which pool's model.
+"""The ``llm_reference`` view: GAMA-Bench's pools with their citations, and which arm plays which pool's model.
 
 The values are GAMA-Bench's round-1 means computed from its raw results (docs/warehouse.md says
 how); here they are checked against the data module, against their own per-game means, and
-against a record of the expected means kept here to one decimal, which each must round to.
+against a record of the expected means kept here to one decimal, which each must round to. The
+seed paper's rows are checked in ``test_paper_reference.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 
 from core.game import GameRule
 from tests.warehouse.conftest import fill
-from warehouse.llm_references import COLUMNS, LLM_REFERENCE
+from warehouse.llm_references import COLUMNS, LLM_REFERENCE, PAPER_SOURCE
 from warehouse.report_queries import llm_rows
 
 pytestmark = pytest.mark.quick
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.quick
 QUOTED = {"Gemini-1.5-Pro": 29.2, "GPT-4o": 30.3, "Mixtral-8x22B": 33.3, "LLaMA-3.1-405B": 35.5, "Mixtral-8x7B": 40.0,
           "Qwen-2-72B": 40.1, "LLaMA-3.1-70B": 40.7, "GPT-4-0125": 42.1, "LLaMA-3.1-8B": 46.3, "GPT-3.5-Turbo": 50.0,
           "Gemini-1.0-Pro": 59.8}
+GAMA = [r for r in LLM_REFERENCE if r.source == "GAMA-Bench (Huang et al. 2025)"]
 RULE = GameRule(ratio="2/3", rounds=3)
 ARMS = [
     (0, "basic", "Qwen/Qwen2-72B-Instruct", RULE),
@@ -37,10 +39,10 @@ def warehouse(tmp_path_factory):
 
 
 def test_select_star_lists_gama_bench_round_one_means_with_citations(warehouse):
-    view = warehouse.query("SELECT * FROM llm_reference")
+    view = warehouse.query("SELECT * FROM llm_reference WHERE source LIKE 'GAMA-Bench%'")
     assert tuple(view.columns) == COLUMNS
-    data = pl.DataFrame([{c: list(getattr(r, c)) if c == "run_means" else getattr(r, c) for c in COLUMNS} for r in LLM_REFERENCE])
-    assert view.height == len(LLM_REFERENCE) == 13
+    data = pl.DataFrame([{c: list(getattr(r, c)) if c == "run_means" else getattr(r, c) for c in COLUMNS} for r in GAMA])
+    assert view.height == len(GAMA) == 13 and len(LLM_REFERENCE) == 13 + 32  # the seed paper's: test_paper_reference.py
     assert view.select("model", "value", "n", "run_means").rows() == data.select("model", "value", "n", "run_means").rows()
     assert {m: round(v, 1) for m, v in view.filter(pl.col("model").is_in(list(QUOTED))).select("model", "value").rows()} == QUOTED
     for row in view.iter_rows(named=True):
@@ -57,13 +59,14 @@ def test_select_star_lists_gama_bench_round_one_means_with_citations(warehouse):
 def test_each_pool_matches_its_own_model_and_no_other(warehouse):
     # in DuckDB's regular expressions, as the report's query matches them
     pairs = warehouse.query("SELECT a.model, b.model AS other FROM llm_reference a, llm_reference b "
-                            "WHERE regexp_matches(a.model_id, b.model_match, 'i')").rows()
-    assert sorted(pairs) == sorted((r.model, r.model) for r in LLM_REFERENCE)
+                            "WHERE regexp_matches(a.model_id, b.model_match, 'i') AND b.source = a.source").rows()
+    assert sorted(pairs) == sorted((r.model, r.model) for r in GAMA)
 
 
 def test_arms_get_the_pools_of_their_rule_and_the_mark_of_their_own_model(warehouse):
     rows = llm_rows(warehouse, ["views-0001"])
-    per_arm = {arm: g for (arm,), g in rows.group_by("arm")}
+    assert rows.filter(pl.col("source") == PAPER_SOURCE).height == 4 * 32  # the seed paper's: test_paper_reference.py
+    per_arm = {arm: g for (arm,), g in rows.filter(pl.col("source") != PAPER_SOURCE).group_by("arm")}
     assert set(per_arm) == {0, 1, 2, 3}  # arm 4 plays 1/2 of the mean + 5: no published pool
     assert all(g.height == 13 for g in per_arm.values())
     assert per_arm[0].filter(pl.col("same_model"))["model"].to_list() == ["Qwen-2-72B"]

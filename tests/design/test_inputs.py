@@ -159,7 +159,7 @@ def test_a_warehouse_from_before_opens_keeps_its_ids_and_gets_its_inputs(tmp_pat
     db = tmp_path / "old.duckdb"
     cfg = load_config(QUICKSTART, [])
     assert cfg.experiment_id == "quickstart-f0ab3529"  # as keynes computed it before inputs were recorded
-    with duckdb.connect(str(db)) as con:  # schema 8 and the experiment row as the keynes before this one wrote them
+    with duckdb.connect(str(db)) as con:  # schema 8 and an experiment row without inputs, as a schema-8 warehouse holds them
         con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         for version, migration in enumerate(MIGRATIONS[:8], start=1):
             con.execute(migration)

@@ -82,8 +82,8 @@ def personas(
     out.print(table)
     if show:
         out.print(frame.head(show))
-    if counts:
-        console.print(f"backstories: {counts['generated']} generated, {counts['reused']} reused, {counts['failed']} failed", highlight=False)
+    if counts is not None:
+        console.print(f"backstories: {counts.generated} generated, {counts.reused} reused, {counts.failed} failed", highlight=False)
     if warehouse is not None:
         pid = population_id(population, n, seed, settings)
         what = f"stored {stored:,} personas" if stored else "already stored"

@@ -219,8 +219,7 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         first = first_to_play(arms, plan)
         if first is not None and plan[first.run_id][0] == 1 and answer_ahead(first, cfg.seed, personas, warehouse, cfg.workers.actors, cfg.workers.shard_size):
             mark("flow: round 1's prompts handed ahead")
-        ray_info = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard)
-        dashboard_url = ray_info.get("dashboard_url")
+        dashboard_url = ensure_ray(cfg.workers.ray_address, cfg.workers.dashboard).dashboard_url
         if dashboard_url:
             print(f"Ray dashboard: {monitor.publish_dashboard(dashboard_url)}")
         store.begin_runs(warehouse, [store.run_row(cfg.experiment_id, arm, prompting[arm.run_id]) for arm in arms])

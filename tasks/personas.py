@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,26 @@ from tasks.retries import ON_TRANSIENT_ERRORS
 from tasks.store import Warehouse
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class BackstoryCounts:
+    """What attaching backstories did: written now, read from the cache, failed (left null)."""
+
+    generated: int
+    reused: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class PersonasStored:
+    """The personas stage's receipt: the experiment, its agent count, whether they were sampled
+    now (False: already stored) and, when backstories were attached, their counts."""
+
+    experiment_id: str
+    agents: int
+    sampled: bool
+    backstories: BackstoryCounts | None = None
+
 
 def personas_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     """The stage's cache key: experiment id (the config hash), size and warehouse.
@@ -65,19 +86,19 @@ def personas_stage(
     actors: int = 1,
     ray_address: str | None = None,
     dashboard: bool = False,
-) -> dict[str, Any]:
+) -> PersonasStored:
     """Store the experiment's personas unless they are stored already: sampled, with
-    backstories when enabled. Returns what was done (agents, sampled, backstory counts);
+    backstories when enabled. Returns what was done (``PersonasStored``);
     the personas themselves are read from the warehouse, which is why this stage's
     cached result stays a few bytes at any population size.
     """
     if store.stored_personas(warehouse, experiment_id) == size:
-        return {"experiment_id": experiment_id, "agents": size, "sampled": False}
+        return PersonasStored(experiment_id, size, sampled=False)
     personas, counts = make_personas(spec, size, seed, warehouse, backstories, actors, ray_address, dashboard)
-    if counts:
-        log.info("backstories: %(generated)d generated, %(reused)d reused, %(failed)d failed", counts)
+    if counts is not None:
+        log.info("backstories: %d generated, %d reused, %d failed", counts.generated, counts.reused, counts.failed)
     store.store_personas(warehouse, experiment_id, personas)
-    return {"experiment_id": experiment_id, "agents": size, "sampled": True, **({"backstories": counts} if counts else {})}
+    return PersonasStored(experiment_id, size, sampled=True, backstories=counts)
 
 
 def experiment_personas(experiment_id: str, spec: PopulationSpec, size: int, seed: int, warehouse: Warehouse, **options: Any) -> pl.DataFrame:
@@ -103,15 +124,15 @@ def make_personas(
     actors: int = 1,
     ray_address: str | None = None,
     dashboard: bool = False,
-) -> tuple[pl.DataFrame, dict[str, int]]:
+) -> tuple[pl.DataFrame, BackstoryCounts | None]:
     """Sample personas and, when enabled, attach backstories (not stored yet).
 
     Returns:
-        The personas, and the backstory counts (empty without backstories).
+        The personas, and the backstory counts (None without backstories).
     """
     personas = sample(spec, size, seed)
     if backstories is None or not backstories.enabled:
-        return personas, {}
+        return personas, None
     return attach_backstories(personas, backstories, seed, warehouse, actors, ray_address, dashboard)
 
 
@@ -155,7 +176,7 @@ def attach_backstories(
     a null background (and is retried next time).
 
     Returns:
-        The personas with ``background``, and counts: generated, reused, failed.
+        The personas with ``background``, and what was generated, reused and failed.
     """
     spec = settings.engine_spec()
     requests = backstory_requests(personas, settings, seed, spec.model_name)
@@ -168,7 +189,7 @@ def attach_backstories(
     reused = requests.height - missing.height
     joined = requests.select("agent_id", "key").join(cached, on="key", how="left", maintain_order="left")
     out = personas.drop("background", strict=False).with_columns(background=joined["background"])
-    return out, {"generated": generated, "reused": reused, "failed": failed}
+    return out, BackstoryCounts(generated, reused, failed)
 
 
 def _generate(

@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections import deque
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import ray
@@ -39,9 +40,18 @@ log = logging.getLogger(__name__)
 IN_FLIGHT_PER_ACTOR = 2
 
 
-#: What ``ensure_ray`` learned when it connected (address, dashboard URL): kept per process because
-#: Ray's connection is per process (``ray.init`` once, ``ray.is_initialized`` after) and says neither.
-_RAY: dict[str, Any] = {}
+@dataclass(frozen=True)
+class RayCluster:
+    """What ``ensure_ray`` learned when it connected: the cluster's address (the GCS, or None when
+    Ray did not say) and its dashboard's URL (None without a dashboard)."""
+
+    address: str | None = None
+    dashboard_url: str | None = None
+
+
+#: The Ray this process joined: kept per process because Ray's connection is per process
+#: (``ray.init`` once, ``ray.is_initialized`` after) and says neither.
+_RAY = RayCluster()
 
 #: The address a local Ray's node has, and so every server of it listens on: this machine only.
 #: ``ray.cluster_utils.Cluster`` nodes take it as ``node_ip_address``.
@@ -79,10 +89,10 @@ def _signals_deferred() -> Iterator[None]:
 
 
 def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: int | None = None,
-               joining: dict[str, Any] | None = None) -> dict[str, Any]:
+               joining: dict[str, Any] | None = None) -> RayCluster:
     """Join a Ray cluster (``address``) or start a local Ray; idempotent.
 
-    Returns what is known of the cluster: ``address`` and ``dashboard_url`` (or None).
+    Returns what is known of the cluster (``RayCluster``).
     ``joining``: further ``ray.init`` arguments (a warm stack's: its job's namespace, and the
     command's environment for its workers: cli/runtime/stack.py).
     A local Ray gets the machine's CPU count unless ``num_cpus`` says otherwise, and listens
@@ -90,6 +100,7 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
     was set before Ray was imported (``cli.runtime.settings.apply`` sets it); otherwise a warning
     says that it listens on every interface.
     """
+    global _RAY
     if not ray.is_initialized():
         # Ray 2.60 turns on token authentication by default; a local Ray on this machine
         # needs none (set RAY_AUTH_MODE yourself to keep it).
@@ -113,8 +124,8 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_cpus: in
         if not address and not ipaddress.ip_address(node).is_loopback:
             log.warning("the local Ray listens on %s, reachable from other machines: set "
                         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported to keep it on 127.0.0.1", node)
-        _RAY.update(address=context.address_info.get("address"), dashboard_url=context.dashboard_url or None)
-    return dict(_RAY)
+        _RAY = RayCluster(context.address_info.get("address"), context.dashboard_url or None)
+    return _RAY
 
 
 def stop_ray() -> None:

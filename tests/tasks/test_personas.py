@@ -14,7 +14,7 @@ from populations.sampler import sample
 from populations.spec import load_spec
 from prompts.context import agent_variables, game_context
 from prompts.render import render
-from tasks.personas import attach_backstories, backstory_requests
+from tasks.personas import BackstoryCounts, attach_backstories, backstory_requests
 from tests.conftest import REPO
 from tests.support.sql import q
 from warehouse.backstories import count_backstories
@@ -38,7 +38,7 @@ def first_run(tmp_path_factory, local_ray):
 
 def test_backstories_are_generated_once_per_persona_and_stored(first_run):
     warehouse, personas, frame, counts = first_run
-    assert counts == {"generated": 10, "reused": 0, "failed": 0}
+    assert counts == BackstoryCounts(generated=10, reused=0, failed=0)
     assert count_backstories(warehouse) == 10
     assert frame.drop("background").equals(personas)
     # each background opens with the persona's own name and continues with the engine's text
@@ -52,7 +52,7 @@ def test_backstories_are_generated_once_per_persona_and_stored(first_run):
 def test_a_second_run_reuses_every_backstory_and_generates_none(first_run):
     warehouse, personas, frame, _ = first_run
     again, counts = attach_backstories(personas, SIMULATED, 3, warehouse, actors=2)
-    assert counts == {"generated": 0, "reused": 10, "failed": 0}
+    assert counts == BackstoryCounts(generated=0, reused=10, failed=0)
     assert count_backstories(warehouse) == 10
     assert again["background"].equals(frame["background"])
 
@@ -66,7 +66,7 @@ def test_a_changed_meta_prompt_writes_new_backstories(first_run, tmp_path):
     terse = SIMULATED.model_copy(update={"template": str(template)})
     before = count_backstories(warehouse)
     out, counts = attach_backstories(personas, terse, 3, warehouse, actors=1)
-    assert counts["generated"] == 10 and count_backstories(warehouse) == before + 10
+    assert counts.generated == 10 and count_backstories(warehouse) == before + 10
     assert out["background"].str.starts_with("I am (simulated text #").all()
 
 
@@ -212,7 +212,7 @@ def test_gemma_writes_backstories_that_are_stored_reused_and_shown(tmp_path, loc
     assert settings.engine_spec().kind == "llamacpp" and settings.engine_spec().model_name == "gemma-3-270m"
 
     frame, counts = attach_backstories(personas, settings, 5, warehouse, actors=1)
-    assert counts == {"generated": 6, "reused": 0, "failed": 0}
+    assert counts == BackstoryCounts(generated=6, reused=0, failed=0)
     assert q(warehouse.path, "select distinct engine, model from backstories") == [("llamacpp", "gemma-3-270m")]
     rows = q(warehouse.path, "select raw, background, completion_tokens from backstories")
     assert len(rows) == 6
@@ -222,7 +222,7 @@ def test_gemma_writes_backstories_that_are_stored_reused_and_shown(tmp_path, loc
     assert sum(tokens > 0 and len(background.split()) > 5 for _, background, tokens in rows) >= 3
 
     again, counts = attach_backstories(personas, settings, 5, warehouse, actors=1)
-    assert counts == {"generated": 0, "reused": 6, "failed": 0}
+    assert counts == BackstoryCounts(generated=0, reused=6, failed=0)
     assert again["background"].equals(frame["background"])
     assert q(warehouse.path, "select count(*) from backstories") == [(6,)]
 

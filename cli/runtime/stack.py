@@ -4,7 +4,9 @@ Starting a local Ray costs every ``keynes run`` 10–20 s on a small machine; jo
 costs 2–4 s. ``keynes up`` starts both detached, on 127.0.0.1 only, and writes a record
 (``$KEYNES_CACHE/stack.json``, default ``~/.cache/keynes/stack.json``); ``keynes run`` and
 ``keynes personas --backstories`` read it and join the stack when it is up (``for_command``),
-and ``keynes down`` ends every process the stack started (``down``).
+and ``keynes down`` ends every process the stack started (``down``). A runner of the stack holds
+Prefect, the flow and Ray imported and runs each ``keynes run`` in a forked child
+(cli/runtime/runner.py), so a run that joins the stack skips those imports too.
 
 Every process of the stack carries a mark in its environment (``KEYNES_STACK_TAG``: the record's
 path and a random id), inherited by everything Ray and Prefect start in turn (Ray's agents and
@@ -36,6 +38,7 @@ import psutil
 
 from cli.runtime.processes import TAG as RUN_TAG
 from cli.runtime.processes import alive, cache_root, end, started, tagged
+from cli.runtime.runner import socket_path
 
 __all__ = ["STACK_TAG", "Stack", "StackError", "down", "for_command", "read", "record_path", "up"]
 
@@ -88,6 +91,8 @@ class Stack:
     created: float = field(default_factory=time.time)
     #: name → [pid, start time] of each essential process (``ESSENTIAL``).
     processes: dict[str, list[float]] = field(default_factory=dict)
+    #: The runner's socket (cli/runtime/runner.py): ``keynes run`` runs there, its imports done.
+    runner: str = ""
 
     @property
     def ui_url(self) -> str:
@@ -174,8 +179,11 @@ def up(num_cpus: int | None = None, say=print) -> Stack:
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(api_port)],
         env=env, stdin=subprocess.DEVNULL, stdout=api_log, stderr=subprocess.STDOUT, start_new_session=True,
     )
+    with open(logs / "runner.log", "w") as runner_log:  # it imports meanwhile, and listens once it has
+        runner = subprocess.Popen([sys.executable, "-m", "cli.runtime.runner", str(socket_path(logs))], env=env, stdin=subprocess.DEVNULL,
+                         stdout=runner_log, stderr=subprocess.STDOUT, start_new_session=True)
     stack = Stack(tag=tag, ray_address="", prefect_url=f"http://127.0.0.1:{api_port}/api", ray_temp_dir="",
-                  auth_mode=env["RAY_AUTH_MODE"], num_cpus=cpus, logs=str(logs), **identity())
+                  auth_mode=env["RAY_AUTH_MODE"], num_cpus=cpus, logs=str(logs), runner=str(socket_path(logs)), **identity())
     _write(stack, path)  # from now on `keynes down` finds it, even if this command is killed
     try:
         deadline = time.monotonic() + START_TIMEOUT_S * RAY_ATTEMPTS
@@ -202,7 +210,7 @@ def up(num_cpus: int | None = None, say=print) -> Stack:
             # started is ended, and it starts again, on other ports.
             if attempt < RAY_ATTEMPTS and "timed out during startup" in _last_line(ray_output):
                 say(f"Ray's head did not start in time ({_last_line(ray_output)[:60]}...): a busy machine; trying again")
-                end([p for p in marked(tag) if not _within(p, prefect.pid)])
+                end([p for p in marked(tag) if not _within(p, prefect.pid) and not _within(p, runner.pid)])
                 continue
             raise StackError(f"Ray's head did not start: `ray start` exited {code}: {_last_line(ray_output)} (its output: {ray_output})")
         with httpx.Client() as client:

@@ -104,8 +104,12 @@ def test_run_joins_the_warm_stack_survives_a_killed_run_and_down_leaves_nothing(
         assert joined == [f"joining the warm stack: Ray at {stack.ray_address}, Prefect API at {stack.prefect_url} (keynes down stops them)"], err
         assert "20 guesses written" in err, err
         after = cluster(user_env, stack.ray_address)
-        # The run's driver was a job of the warm Ray, whose one node is the same as before.
-        assert run.pid in after["drivers"] and after["nodes"] == before["nodes"] and len(after["nodes"]) == 1, (before, after)
+        # The run was handed to the stack's runner, which ran it in a process of its own (its Prefect,
+        # flow and Ray imported already): that process's driver was a job of the warm Ray, whose one
+        # node is the same as before.
+        ran = handed(stack)
+        assert len(ran) == 1 and ran[0] != run.pid, (ran, run.pid)
+        assert ran[0] in after["drivers"] and after["nodes"] == before["nodes"] and len(after["nodes"]) == 1, (before, after)
         assert not stack.gone()
         # Its two actors were kept, and the same run again finds them (the same processes) instead of starting its own.
         assert before["kept"] == {} and sorted(name[-4:] for name in after["kept"]) == ["-2-0", "-2-1"], after
@@ -131,6 +135,37 @@ def test_run_joins_the_warm_stack_survives_a_killed_run_and_down_leaves_nothing(
         # Its own engine's pool (another latency: another spec) replaced the first one's, whose actors it ended.
         assert now["nodes"] == before["nodes"] and len(now["kept"]) == 2 and not now["kept"].keys() & after["kept"].keys(), now
 
+        # Ctrl-C on a handed-over run reaches the process that runs it: the run ends interrupted,
+        # as it does in a process of its own.
+        slow.write_text(yaml.safe_dump({**SLOW, "name": "warm-interrupted", "db": str(tmp_path / "interrupted.duckdb")}))
+        interrupted = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(slow)], cwd=REPO, env=user_env,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: interrupted.poll() is not None or rows(tmp_path / "interrupted.duckdb", "select count(*) from guesses where round > 1"),
+                 300, "the run to be interrupted to play its second round")
+        assert interrupted.poll() is None and len(handed(stack)) == 4
+        interrupted.send_signal(signal.SIGINT)
+        _out, err = interrupted.communicate(timeout=120)
+        assert interrupted.returncode != 0, err[-2000:]
+        assert rows(tmp_path / "interrupted.duckdb", "select distinct status from runs") == [("interrupted",)], err[-2000:]
+
+        # An edited checkout: the runner holds older code, so it refuses the run (which runs in its
+        # own process, as without a runner) and ends.
+        source = REPO / "design" / "seen.py"
+        mtime = source.stat().st_mtime_ns
+        os.utime(source, ns=(mtime, mtime + 1_000_000_000))
+        try:
+            config.write_text(yaml.safe_dump({**TINY, "db": str(tmp_path / "edited.duckdb")}))
+            edited = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config)], cwd=REPO, env=user_env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            _out, err = edited.communicate(timeout=400)
+        finally:
+            os.utime(source, ns=(mtime, mtime))
+        assert edited.returncode == 0 and "20 guesses written" in err, err[-3000:]
+        assert len(handed(stack)) == 4 and edited.pid in cluster(user_env, stack.ray_address)["drivers"]
+        log = (Path(stack.logs) / "runner.log").read_text()
+        assert "design/seen.py changed since the runner started" in log, log
+        assert not Path(stack.runner).exists()
+
         downed = keynes(user_env, "down", timeout=120)
         assert downed.returncode == 0, downed.stderr
         assert downed.stderr.splitlines()[-1] == "warm stack down", downed.stderr
@@ -144,6 +179,27 @@ def test_run_joins_the_warm_stack_survives_a_killed_run_and_down_leaves_nothing(
         for proc in left:
             proc.kill()
         psutil.wait_procs(left, timeout=30)
+
+
+def handed(stack: warm.Stack) -> list[int]:
+    """The pids of the commands the stack's runner ran, in order (its log says each)."""
+    log = (Path(stack.logs) / "runner.log").read_text()
+    return [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if " runs as pid " in line]
+
+
+def rows(db: Path, sql: str) -> list[tuple]:
+    """``sql`` on the warehouse a run writes (read-only, while it may be writing): its rows, or [] for
+    none, a count of 0, or a file not made or held by the writer this instant."""
+    import duckdb
+
+    if not db.exists():
+        return []
+    try:
+        with duckdb.connect(str(db), read_only=True) as con:
+            found = con.execute(sql).fetchall()
+            return [] if found == [(0,)] else found
+    except duckdb.Error:  # held by the run's writer this instant, or its tables not made yet
+        return []
 
 
 def _record(path: Path, processes: dict[str, list[float]], **fields) -> warm.Stack:

@@ -22,6 +22,17 @@ MAX_CATEGORIES = 50
 
 _MARK = re.compile(r"\[keynes:([0-9a-f]{12})\]")
 
+#: Every table and named view a user reads: ``name``, ``kind`` (table or view) and the ``comment``
+#: that says what it holds (a view's without the digest of its SQL).
+CATALOG = f"""
+    SELECT table_name AS name, 'table' AS kind, comment FROM duckdb_tables()
+    WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal
+    UNION ALL
+    SELECT view_name, 'view', trim(regexp_replace(comment, '{_MARK.pattern}', '')) FROM duckdb_views()
+    WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal
+    ORDER BY kind, name
+"""
+
 _ARM = """
     SELECT r.experiment_id, r.run_id, r.arm, r.engine, r.model, r.prompt_mode, r.temperature,
            r.ratio, r.ratio_value, r."offset", r.low, r.high, r.answers, r.rounds, r.equilibrium,

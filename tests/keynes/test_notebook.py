@@ -19,6 +19,7 @@ import time
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
 import keynes
 from tests.conftest import REPO
@@ -64,7 +65,11 @@ def test_the_notebook_runs_in_a_kernel_while_keynes_run_writes_the_same_file(tmp
         notebook = nbformat.read(NOTEBOOK, as_version=4)
         kernel_env = {**env, "PYTHONPATH": str(REPO), "KEYNES_DB": str(db)}
         notebook_started = time.monotonic()
-        NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute(env=kernel_env)
+        try:  # the progress cell gives up after 600 s by itself
+            NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute(env=kernel_env)
+        except (CellExecutionError, CellTimeoutError) as exc:
+            pytest.fail(f"the notebook failed ({exc}); the run: {'running' if writer.poll() is None else f'exit {writer.returncode}'}, "
+                        f"its output: {(tmp_path / 'run.log').read_text()[-3000:]}")
         notebook_s = time.monotonic() - notebook_started
         writer.wait(timeout=300)
     finally:

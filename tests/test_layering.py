@@ -28,6 +28,7 @@ LAYERS = {
     "tasks": {"core", "prompts", "engines", "populations", "design", "warehouse", "reports"},
     "flows": {"core", "prompts", "engines", "populations", "design", "warehouse", "reports", "tasks"},
     "cli": {"core", "prompts", "engines", "populations", "design", "warehouse", "reports", "tasks", "flows"},
+    "keynes": {"warehouse"},
 }
 
 

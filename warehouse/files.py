@@ -230,8 +230,10 @@ def _needs_upgrade(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
     return version < SCHEMA_VERSION or bool(stale_views(con))
 
 
-def frame_of(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = None) -> pl.DataFrame:
-    """Run a query and return a polars frame (through Arrow, without a copy)."""
+def frame_of(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | dict[str, Any] | None = None) -> pl.DataFrame:
+    """Run a query and return a polars frame (through Arrow, without a copy); a statement without
+    a result (``SET``, ``CHECKPOINT``) gives an empty frame."""
     import polars as pl
 
-    return pl.from_arrow(con.sql(query, params=params or None).to_arrow_table())
+    relation = con.sql(query, params=params or None)
+    return pl.DataFrame() if relation is None else pl.from_arrow(relation.to_arrow_table())

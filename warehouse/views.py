@@ -22,6 +22,17 @@ MAX_CATEGORIES = 50
 
 _MARK = re.compile(r"\[keynes:([0-9a-f]{12})\]")
 
+#: Every table and named view a user reads: ``name``, ``kind`` (table or view) and the ``comment``
+#: that says what it holds (a view's without the digest of its SQL).
+CATALOG = f"""
+    SELECT table_name AS name, 'table' AS kind, comment FROM duckdb_tables()
+    WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal
+    UNION ALL
+    SELECT view_name, 'view', trim(regexp_replace(comment, '{_MARK.pattern}', '')) FROM duckdb_views()
+    WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal
+    ORDER BY kind, name
+"""
+
 _ARM = """
     SELECT r.experiment_id, r.run_id, r.arm, r.engine, r.model, r.prompt_mode, r.temperature,
            r.ratio, r.ratio_value, r."offset", r.low, r.high, r.answers, r.rounds, r.equilibrium,
@@ -77,6 +88,8 @@ def _static_views() -> dict[str, tuple[str, str]]:
                        a.equilibrium, abs(d.mean - a.equilibrium) AS distance_to_equilibrium, d.seconds
                 FROM rounds d JOIN ({_ARM}) a USING (run_id)""",
         ),
+        # nullif inside the window function, not around it: DuckDB 1.4.0 cannot run a window function
+        # as nullif's argument ("Unimplemented expression class"), and 1.4.0 reads the file (docs/query.md).
         "convergence": (
             "Per arm, round by round: mean, median, target, winning number, distance of the mean to the equilibrium, "
             "its change from the previous round and its share of the first round's distance.",
@@ -84,7 +97,7 @@ def _static_views() -> dict[str, tuple[str, str]]:
                        d.mean, d.median, d.target, d.winning_guess, a.equilibrium,
                        abs(d.mean - a.equilibrium) AS distance_to_equilibrium,
                        d.mean - lag(d.mean) OVER w AS mean_change,
-                       abs(d.mean - a.equilibrium) / nullif(first_value(abs(d.mean - a.equilibrium)) OVER w, 0) AS distance_share_of_round1
+                       abs(d.mean - a.equilibrium) / first_value(nullif(abs(d.mean - a.equilibrium), 0)) OVER w AS distance_share_of_round1
                 FROM rounds d JOIN ({_ARM}) a USING (run_id)
                 WINDOW w AS (PARTITION BY d.run_id ORDER BY d.round)""",
         ),

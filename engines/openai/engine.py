@@ -32,6 +32,7 @@ from pydantic import Field, model_validator
 
 from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, ServerPrompting
 from engines.limits import Limiter
+from engines.openai.endpoint import auth_headers, check_endpoint
 from engines.openai.presets import PRESETS, ConstraintField, Server
 from engines.shared_context import Chain, applies, prompt_groups
 from prompts.answers import number_gbnf
@@ -451,36 +452,6 @@ def _shares(total: int, weights: list[int]) -> list[int]:
     out = np.floor(exact).astype(np.int64)
     out[np.argsort(out - exact, kind="stable")[: total - int(out.sum())]] += 1
     return out.tolist()
-
-
-def auth_headers(spec: OpenAISpec) -> dict[str, str]:
-    """The request headers that carry the key in ``api_key_env`` (none when unset or empty)."""
-    key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def check_endpoint(client: httpx.Client, spec: Any) -> list[str]:
-    """The server's ``/models``: up (``base_url``), taking the key (``api_key_env``) and serving the
-    model (``model``). Returns the models it serves.
-
-    Raises:
-        ValueError: one line naming the setting.
-    """
-    base = spec.base_url.rstrip("/")
-    try:
-        models = client.get(f"{base}/models")
-    except httpx.HTTPError as exc:
-        raise ValueError(f"base_url: no server answers at {base} ({type(exc).__name__}: {exc}); start it or fix base_url") from None
-    if models.status_code in (401, 403):
-        where = f"${spec.api_key_env}" if spec.api_key_env else "api_key_env"
-        said = "refused the key in" if client.headers.get("Authorization") else "needs a key; set"
-        raise ValueError(f"api_key_env: the server at {base} {said} {where} (HTTP {models.status_code})")
-    if models.status_code != 200:
-        raise ValueError(f"base_url: {base}/models answered HTTP {models.status_code}: {models.text[:200]}")
-    served = [str(m.get("id")) for m in models.json().get("data", [])]
-    if spec.model not in served:
-        raise ValueError(f"model: the server at {base} does not serve {spec.model!r}; it serves {', '.join(served) or 'nothing'}")
-    return served
 
 
 def _constraint_fields(constraint: Constraint, fields: tuple[str, ...]) -> dict[str, Any]:

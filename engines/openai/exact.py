@@ -27,6 +27,7 @@ import httpx
 import numpy as np
 
 from engines.models import cache_dir
+from engines.openai.endpoint import auth_headers, check_endpoint
 from engines.shared_context import ANSWER_CHARS, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedContextAnswers, assemble, chunks, walk_prompts
 from engines.shared_context.language import read_vocab, write_vocab
 
@@ -126,8 +127,6 @@ def check_server(spec: OpenAISpec) -> Served:
 
 
 def _check(spec: OpenAISpec) -> Served:
-    from engines.openai.engine import auth_headers, check_endpoint
-
     with httpx.Client(headers=auth_headers(spec), timeout=spec.timeout_s) as client:
         base = spec.base_url.rstrip("/")
         try:

@@ -390,7 +390,7 @@ class _SharedRequests:
         semaphore = asyncio.Semaphore(spec.concurrency)
         for sample in range(spec.resamples + 1 if self.pattern is not None else 1):
             size = self.engine.per_request
-            parts = [rows[k:k + size] for rows in pending for k in range(0, len(rows), size)]
+            parts = [(g, rows[k:k + size]) for g, rows in enumerate(pending) for k in range(0, len(rows), size)]
             if not parts:
                 break
 
@@ -398,8 +398,12 @@ class _SharedRequests:
                 async with semaphore:
                     return await self._ask(rows, sample)
 
-            again = await asyncio.gather(*(one(rows) for rows in parts))
-            pending = [rows for rows in again if rows]
+            again = await asyncio.gather(*(one(rows) for _, rows in parts))
+            # A prompt's invalid answers, from all its requests, are asked again together (in agent-id order).
+            merged: dict[int, list[int]] = {}
+            for (g, _), rows in zip(parts, again):
+                merged.setdefault(g, []).extend(rows)
+            pending = [rows for rows in merged.values() if rows]
         return [done or Completion(self.text[i], self.prompt_tokens[i], self.completion_tokens[i], self.latency_s[i],
                                    self.attempts[i], self.error[i]) for i, done in enumerate(self.done)]
 

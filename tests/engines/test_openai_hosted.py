@@ -84,18 +84,29 @@ def test_agents_sharing_a_prompt_get_n_choices_of_one_request_in_agent_id_order(
 
 def test_invalid_answers_are_resampled_n_at_a_time(vllm_server):
     """The first request's choices rewritten into text that is no answer: its agents, and only
-    they, are asked again, in one request of as many choices, with the next seed."""
+    they, are asked again, in one request of as many choices, with the next seed; a prompt's
+    invalid answers from several requests are asked again together."""
     engine_spec = hosted("", completions_per_request=4, concurrency=1)
+    six = chat_batch(list(range(0, 12, 2)))  # 6 agents of one prompt: requests of 4 and 2
     with FaultProxy(vllm_server.port, first('rewrite:{"answer": "many"}')) as proxy:
         engine = build_engine(parse_spec({**engine_spec, "base_url": proxy.base_url}))
         try:
-            out = engine.generate(chat_batch(list(range(0, 12, 2))))  # 6 agents of one prompt: requests of 4 and 2
+            out = engine.generate(six)
         finally:
             engine.close()
     sent = [e.body for e in proxy.events if e.path.endswith("chat/completions")]
     assert [b.get("n", 1) for b in sent] == [4, 2, 4], sent
     assert sent[2]["seed"] == sent[0]["seed"] + 1
     assert out.error == [None] * 6 and list(out.attempts) == [2, 2, 2, 2, 1, 1]
+    with FaultProxy(vllm_server.port, first('rewrite-first:{"answer": "many"}', 'rewrite-first:{"answer": "many"}')) as proxy:
+        engine = build_engine(parse_spec({**engine_spec, "base_url": proxy.base_url, "completions_per_request": 3}))
+        try:
+            out = engine.generate(six)
+        finally:
+            engine.close()
+    sent = [e.body for e in proxy.events if e.path.endswith("chat/completions")]
+    assert [b.get("n", 1) for b in sent] == [3, 3, 2], sent  # the first agent of each request, asked again together
+    assert out.error == [None] * 6 and list(out.attempts) == [2, 1, 1, 2, 1, 1]
 
 
 def test_reasoning_is_batched_and_each_reasoning_answered_in_its_own_context(vllm_server):

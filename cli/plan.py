@@ -90,6 +90,28 @@ def plan(
         out.print(f"start: not in the time (no {way} run of {starts.engine_label(cfg)} here yet: keynes run records it)", highlight=False)
     if len(rows) > 1:
         out.print("all: the arms run one after another", highlight=False)
+    for r in rows:
+        if r["requests"]:
+            out.print(request_table(r, priced, num, money))
+
+
+def request_table(row: dict, priced: bool, num, money):
+    """An HTTP engine's requests, prompt and completion tokens (and cost) of each round and phase,
+    one request per agent and per distinct prompt (``design.plan.request_rows``); ≤: at most."""
+    from design.plan import PER_AGENT, PER_PROMPT, request_totals
+
+    table = narrow_table(show_header=True, header_style="bold", title=f"arm {row['arm']}: requests per agent and per prompt")
+    for column in ("round", "phase", "way", "requests", "prompt\ntokens", "completion\ntokens", "cost")[:7 if priced else 6]:
+        table.add_column(column, justify="left" if column in ("round", "phase", "way") else "right")
+    for r in row["requests"]:
+        table.add_row(str(r["round"]), r["phase"], r["way"], ("≤" if r["at_most"] else "") + num(r["requests"]),
+                      num(r["prompt_tokens"]), num(r["completion_tokens"]), *money(r["cost"]))
+    for way in (PER_AGENT, PER_PROMPT):
+        mine = [r for r in row["requests"] if r["way"] == way]
+        prompt, completion, cost = request_totals(row["requests"], way)
+        table.add_row("all", "", way, ("≤" if any(r["at_most"] for r in mine) else "") + num(sum(r["requests"] for r in mine)),
+                      num(int(prompt)), num(int(completion)), *money(cost), style="bold")
+    return table
 
 
 def recorded_start(cfg) -> tuple[float | None, str]:

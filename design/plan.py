@@ -6,6 +6,12 @@ tokenizer), time and, when the engine config names prices, cost. Time and comple
 come from a short calibration: a few sampled agents play round 1 on the configured engine,
 in this process, with their real prompts and seeds. Nothing is written to the warehouse.
 
+On an engine that sends requests and answers the agents that share a prompt by ``n`` completions
+of one request (``EngineSpec.batched_choices``, the openai engine's ``completions_per_request``),
+each round and phase also gets its requests, prompt and completion tokens and cost both ways — one
+request per agent, and per distinct prompt of each shard (``request_rows``) — and the arm's
+tokens and cost are the batched way's.
+
 On an engine that answers each distinct prompt once (shared context: llama.cpp's and vLLM's
 exact distributions), time follows the prompts, not the agents: each round's distinct prompts
 (counted over the whole population; with agents told their own guesses, the histories their
@@ -37,7 +43,7 @@ from engines.mixture import MixtureSpec
 from populations.sampler import sample
 from prompts.context import agent_variables
 from prompts.modes import FINAL_CUE
-from prompts.render import distinct_agents, render
+from prompts.render import distinct_agents, prompt_keys, render
 
 #: Agents whose prompts are rendered and counted (evenly spread over the population).
 SAMPLE = 24
@@ -93,6 +99,8 @@ class ArmPlan:
     distinct_prompts: float | None = None
     #: Where agents are told their own guesses: the most distinct prompts there can be.
     distinct_prompts_at_most: float | None = None
+    #: An engine that batches requests: each round and phase both ways (``request_rows``).
+    requests: list[dict[str, Any]] | None = None
 
     @property
     def calls(self) -> int:
@@ -106,7 +114,7 @@ class ArmPlan:
             "calls": self.calls, "prompt_tokens": _round(self.prompt_tokens), "completion_tokens": _round(self.completion_tokens),
             "seconds": None if self.seconds is None else round(self.seconds, 1), "cost": None if self.cost is None else round(self.cost, 4),
             "basis": self.basis, "distinct_prompts": _round(self.distinct_prompts),
-            "distinct_prompts_at_most": _round(self.distinct_prompts_at_most),
+            "distinct_prompts_at_most": _round(self.distinct_prompts_at_most), "requests": self.requests,
         }
 
 
@@ -362,6 +370,75 @@ def shared_round(arm: Arm, round_: int, personas: pl.DataFrame, counter: Counter
     return SharedRound(prompts, tokens, float(bound[-1]))
 
 
+# ------------------------------------------------------------------------------ requests
+#: The two ways an HTTP engine can send an arm's calls (``request_rows``).
+PER_AGENT, PER_PROMPT = "per agent", "per prompt"
+
+
+def shard_prompt_sizes(arm: Arm, personas: pl.DataFrame, size: int) -> np.ndarray:
+    """How many agents share each distinct first-round prompt within each shard of ``size`` (agents
+    in population order, as ``tasks.play`` cuts them): the groups an engine that batches by prompt
+    sees (``engines.shared_context.prompt_groups``)."""
+    keys = prompt_keys(arm.mode.template, agent_variables(personas))
+    shards = pl.Series(np.arange(personas.height) // size)
+    if keys is None:
+        return shards.value_counts()["count"].to_numpy()
+    return pl.DataFrame({"shard": shards, "key": keys}).group_by("shard", "key").len()["len"].to_numpy()
+
+
+def batched_requests(sizes: np.ndarray, per_request: int, own_guesses: int, values: float) -> tuple[int, bool]:
+    """Requests for groups of ``sizes`` agents sharing a prompt, ``per_request`` agents a request,
+    and whether that is a bound: with ``own_guesses`` shown, a group's agents hold at most
+    D = min(size, values ** own_guesses) distinct prompts, which take at most D + (size − D) / n
+    requests (each prompt's ceil(m / n) ≤ (m + n − 1) / n)."""
+    sizes = sizes.astype(np.float64)
+    if own_guesses == 0:
+        return int(np.sum(np.ceil(sizes / per_request))), False
+    distinct = np.minimum(sizes, values ** min(own_guesses, 64))
+    return int(np.sum(np.minimum(sizes, np.floor(distinct + (sizes - distinct) / per_request)))), True
+
+
+def request_rows(arm: Arm, spec: EngineSpec, sizes: np.ndarray, prompts: list[float], completion: tuple[float, float],
+                 second_prompt: float) -> list[dict[str, Any]]:
+    """Each round and phase of an arm on an HTTP engine both ways: ``PER_AGENT`` (a request per
+    agent) and ``PER_PROMPT`` (the agents of a shard that share a prompt answered by
+    ``batched_choices`` completions a request: billed one prompt a request, every agent's completion).
+
+    Args:
+        sizes: agents per shard and distinct first-round prompt (``shard_prompt_sizes``).
+        prompts: each round's first-phase prompt tokens per agent.
+        completion: completion tokens per agent of the first phase and of the answer after reasoning.
+        second_prompt: the answer phase's prompt tokens beyond the first phase's (reasoning and cue).
+    """
+    n, per_request = int(sizes.sum()), spec.batched_choices or 1
+    rule = arm.rule
+    values = rule.high - rule.low + 1 if rule.integer else math.inf
+    rows = []
+
+    def add(round_: int, phase: str, way: str, requests: int, at_most: bool, prompt: float, completion_: float) -> None:
+        rows.append({"round": round_, "phase": phase, "way": way, "requests": requests, "at_most": at_most,
+                     "prompt_tokens": _round(requests * prompt), "completion_tokens": _round(n * completion_),
+                     "cost": spec.price(requests * prompt, n * completion_)})
+
+    for round_, prompt in enumerate(prompts, start=1):
+        first = "reasoning" if arm.mode.reasoning else "answer"
+        batched, bound = batched_requests(sizes, per_request, rule.history.own_guesses_in(round_), values)
+        add(round_, first, PER_AGENT, n, False, prompt, completion[0])
+        add(round_, first, PER_PROMPT, batched, bound, prompt, completion[0])
+        if arm.mode.reasoning:  # each agent's answer follows its own reasoning: agents rarely share it
+            for way in (PER_AGENT, PER_PROMPT):
+                add(round_, "answer", way, n, way == PER_PROMPT, prompt + second_prompt, completion[1])
+    return rows
+
+
+def request_totals(rows: list[dict[str, Any]], way: str) -> tuple[float, float, float | None]:
+    """Prompt tokens, completion tokens and cost of one way over an arm's rounds and phases."""
+    mine = [r for r in rows if r["way"] == way]
+    costs = [r["cost"] for r in mine]
+    return (float(sum(r["prompt_tokens"] for r in mine)), float(sum(r["completion_tokens"] for r in mine)),
+            None if None in costs else float(sum(costs)))
+
+
 # ------------------------------------------------------------------------------ the plan
 def plan(cfg: ExperimentConfig, player_for: Callable[[EngineSpec], Player], samples: int = SAMPLE, calibration: int = CALIBRATE,
          calls_per_second: float | None = None, say=lambda text: None, committer: Committer | None = None) -> list[ArmPlan]:
@@ -404,12 +481,14 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
         seconds = calls / calls_per_second if calls_per_second else None
         return ArmPlan(arm, n, rounds, phases, None, None, seconds, None, "mixture: calls only")
     spec = arm.engine
+    batched = (spec.batched_choices or 1) > 1 and not spec.uses_shared_context
     cal: Calibration | None = None
     engine = None
     if calibration > 0:
         if spec.key not in players:
             say(f"arm {arm.index}: starting {spec.kind} ({spec.model_name}) to calibrate on {min(calibration, n)} agent(s)")
-            players[spec.key] = player_for(spec)
+            # An engine that batches requests calibrates one request per agent: each agent's own tokens.
+            players[spec.key] = player_for(spec.model_copy(update={"completions_per_request": 1}) if batched else spec)
         engine = players[spec.key].engine
     counter = Counter(spec)
     if engine is not None:
@@ -426,13 +505,20 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
         completion = arm.max_answer_tokens + (arm.max_reasoning_tokens if phases == 2 else 0)
         second_extra = arm.max_reasoning_tokens + cue
     prompt = 0.0
+    firsts = []
     for round_ in range(1, rounds + 1):
         shared, frame = round_inputs(arm, round_, picked, personas)
-        first = counter(render(arm.mode.template, shared, agent_variables(frame))).mean() * scale
-        prompt += n * (first if phases == 1 else 2 * first + second_extra)
+        firsts.append(counter(render(arm.mode.template, shared, agent_variables(frame))).mean() * scale)
+        prompt += n * (firsts[-1] if phases == 1 else 2 * firsts[-1] + second_extra)
     completion_total = n * rounds * completion
     seconds = _seconds(spec, cfg, n, rounds, phases, cal, calls_per_second)
     cost = spec.price(prompt, completion_total)
+    requests = None
+    if batched:
+        reasoning = max(0.0, second_extra - cue) if phases == 2 else 0.0
+        split = (reasoning, max(0.0, completion - reasoning)) if phases == 2 else (completion, 0.0)
+        requests = request_rows(arm, spec, shard_prompt_sizes(arm, personas, shard_size(cfg)), firsts, split, second_extra)
+        prompt, completion_total, cost = request_totals(requests, PER_PROMPT)
     distinct: float | None = None
     at_most: float | None = None
     if cal is not None:
@@ -456,7 +542,9 @@ def _arm_plan(cfg, arm: Arm, personas, picked, calibration, calls_per_second, pl
             seconds = with_shards(seconds, cfg, n, rounds, cal)
     else:
         basis = "completion tokens at their maxima" + ("; time from --calls-per-second" if calls_per_second else "")
-    return ArmPlan(arm, n, rounds, phases, prompt, completion_total, seconds, cost, basis, distinct, at_most)
+    if batched:
+        basis += f"; agents of a shard that share a prompt: {spec.batched_choices} completions a request"
+    return ArmPlan(arm, n, rounds, phases, prompt, completion_total, seconds, cost, basis, distinct, at_most, requests)
 
 
 def _shared_seconds(cfg, n: int, work: list[SharedRound], cal: Calibration) -> float:

@@ -311,6 +311,13 @@ class EngineSpec(BaseModel):
         return 1
 
     @property
+    def batched_choices(self) -> int | None:
+        """An engine that sends its prompts to a server: the completions one request asks for, for
+        agents that share a prompt (1: one request per agent); None: no requests (a model in
+        process). ``keynes plan`` shows an HTTP engine's requests both ways."""
+        return None
+
+    @property
     def prefix_block(self) -> int:
         """The shared-context path keeps and evaluates prompt tokens in blocks of this many (1:
         token by token): a prompt that leaves the one before it mid-block evaluates the block's

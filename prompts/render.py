@@ -108,11 +108,19 @@ def distinct_agents(path: str, agents: pl.DataFrame) -> pl.DataFrame:
     distinct prompts of ``path``: ``row``, the first row of each, in order, and ``agents``, how
     many rows share its prompt (one row of all when the template uses no agent variable).
     Nothing is rendered."""
-    _, columns = _keyed_by(path, agents)
-    if not columns:
+    keys = prompt_keys(path, agents)
+    if keys is None:
         return pl.DataFrame({"row": [0], "agents": [agents.height]}, schema={"row": pl.UInt32, "agents": pl.UInt32})
-    keyed = agents.with_row_index("row").select("row", _key=_prompt_key(columns))
+    keyed = pl.DataFrame({"_key": keys}).with_row_index("row")
     return keyed.group_by("_key", maintain_order=True).agg(pl.col("row").first(), pl.len().alias("agents")).drop("_key")
+
+
+def prompt_keys(path: str, agents: pl.DataFrame) -> pl.Series | None:
+    """Each row's prompt key (a hash of the agent variables of ``path`` it holds): rows with equal
+    keys get the same prompt. None when the template uses no agent variable (one prompt for all).
+    Nothing is rendered."""
+    _, columns = _keyed_by(path, agents)
+    return agents.select(_prompt_key(columns))[:, 0] if columns else None
 
 
 def _keyed_by(path: str, agents: pl.DataFrame) -> tuple[jinja2.Template, list[str]]:

@@ -1,6 +1,7 @@
 """The openai engine: any OpenAI-compatible server (vLLM, llama.cpp, a hosted API) over HTTP.
 
-``engine``: the spec and the per-agent path (one request per agent, retries, rate limits);
+``engine``: the spec, the per-agent path and the n path (retries, rate limits); ``endpoint``:
+the key header and the ``/models`` check;
 ``presets``: the ``server:`` presets (what each kind of server takes); ``exact``: exact answer
 distributions over HTTP from vLLM's server (``shared_context``), checked against the server at
 start. Nothing here imports a model library.

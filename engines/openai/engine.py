@@ -6,12 +6,18 @@ backoff, a ``Retry-After`` honoured. ``requests_per_minute``/``tokens_per_minute
 by all actors of the engine together (``engines.limits``). Servers may silently ignore
 constraint fields, so every answer is validated and resampled (a fresh seed) a few times
 before it is stored as an error.
+
+With ``completions_per_request`` n > 1, agents of a batch that share a prompt are answered by
+``n`` completions of one request (``_SharedRequests``), reasoning and answers alike; a server
+that answers fewer choices than asked (one that ignores ``n``) is warned about once and the
+engine sends one request per agent from then on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import re
@@ -21,12 +27,14 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
+import numpy as np
 from pydantic import Field, model_validator
 
 from engines import Completion, CompletionBatch, Constraint, EngineBase, EngineSpec, Request, RequestBatch, ServerPrompting
 from engines.limits import Limiter
+from engines.openai.endpoint import auth_headers, check_endpoint
 from engines.openai.presets import PRESETS, ConstraintField, Server
-from engines.shared_context import Chain, applies
+from engines.shared_context import Chain, applies, prompt_groups
 from prompts.answers import number_gbnf
 from prompts.chat import PromptFormat
 
@@ -62,6 +70,14 @@ class OpenAISpec(EngineSpec):
         "guided_regex (older vLLM), response_format = a JSON schema {answer: number} (hosted APIs); []: none (answers are "
         "validated either way). Default: the server preset's.",
     )
+    completions_per_request: int | None = Field(
+        None, ge=1,
+        description="Agents of a batch that share a prompt (and its sampling settings) are answered by up to this many "
+        "completions of one request (the API's n; OpenAI's chat completions take up to 128), given to the agents in agent-id "
+        "order, the request seeded by its first agent: reasoning and answers alike, invalid answers resampled the same way. "
+        "1: one request per agent. A server that ignores n (fewer choices than asked, e.g. llama-cpp-python's) is warned "
+        "about once and answered per agent. Default: the server preset's (128 for openai, else 1).",
+    )
     shared_context: bool | None = Field(
         None,
         description="Constrained answers from the exact answer distribution of each distinct prompt (the raw logits of the "
@@ -91,7 +107,7 @@ class OpenAISpec(EngineSpec):
     def _preset(self) -> "OpenAISpec":
         """Fill what is unset from the server preset (``engines.openai.presets``)."""
         preset = PRESETS[self.server]
-        for name in ("prompt_format", "constraint_fields", "shared_context"):
+        for name in ("prompt_format", "constraint_fields", "shared_context", "completions_per_request"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(preset, name))
         return self
@@ -103,6 +119,10 @@ class OpenAISpec(EngineSpec):
     @property
     def batch(self) -> int:
         return self.concurrency
+
+    @property
+    def batched_choices(self) -> int:
+        return int(self.completions_per_request or 1)
 
     @property
     def model_name(self) -> str:
@@ -121,11 +141,19 @@ class OpenAISpec(EngineSpec):
 
     def check_server(self) -> None:
         """With ``shared_context``: what the server cannot give for exact answers, in one line
-        naming the setting (``engines.openai.exact.check_server``); per agent: nothing checked."""
+        naming the setting (``engines.openai.exact.check_server``). A hosted API (``server: openai``):
+        its key set, the server up, the key taken and the model served (``check_endpoint``). Other
+        servers per agent: nothing checked (llama.cpp's answers whatever model name it is sent)."""
         if self.shared_context:
             from engines.openai.exact import check_server
 
             check_server(self)
+        elif self.server == "openai":
+            if self.api_key_env and not os.environ.get(self.api_key_env):
+                raise ValueError(f"api_key_env: ${self.api_key_env} is not set; a hosted API needs its key there "
+                                 "(or set api_key_env: null for a server without keys)")
+            with httpx.Client(headers=auth_headers(self), timeout=self.timeout_s) as client:
+                check_endpoint(client, self)
 
     def predicted_seconds(
         self, agents: int, rounds: int, phases: int, actors: int, seconds_per_agent: float | None, tokens_per_agent: float | None,
@@ -158,8 +186,7 @@ class OpenAIEngine(EngineBase):
         self.spec = spec
         self.model = spec.model_name
         self.prompt_format: str = spec.prompt_format or "completion"
-        key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
-        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._headers = auth_headers(spec)
         # One event loop per engine, on its own thread: generate() is called from plain
         # (possibly Ray actor) threads and must work whether or not a loop already runs there.
         self._loop = asyncio.new_event_loop()
@@ -170,6 +197,10 @@ class OpenAIEngine(EngineBase):
         self.limits = Limiter(spec.key, spec.requests_per_minute, spec.tokens_per_minute) if (
             spec.requests_per_minute or spec.tokens_per_minute) else None
         self._exact: Any = None
+        #: Completions asked for in one request; 1 once the server is found to ignore ``n``.
+        self.per_request = spec.batched_choices
+        #: Requests sent for completions (retries and resamples included): what the server billed.
+        self.requests = 0
         if spec.shared_context:  # checks the server once (engines.openai.exact.check_server)
             from engines.openai.exact import HttpSharedContext
 
@@ -195,6 +226,8 @@ class OpenAIEngine(EngineBase):
         distribution (``engines.openai.exact``); free text is sampled per agent."""
         if self._exact is not None and applies(batch.constraint) and len(batch):
             return self._exact.generate(batch, Chain.of(batch.sampling))
+        if self.per_request > 1 and len(batch) > 1:
+            return CompletionBatch.from_rows(self._call(_SharedRequests(self, batch).run()))
         return CompletionBatch.from_rows(self._call(self._generate(batch)))
 
     def share_answers(self, board: Board, owner: int, peers: int) -> None:
@@ -226,19 +259,23 @@ class OpenAIEngine(EngineBase):
             usage = response.get("usage") or {}
             prompt_tokens += int(usage.get("prompt_tokens") or 0)
             completion_tokens += int(usage.get("completion_tokens") or 0)
-            text = _text(response, self.spec.prompt_format)
-            if pattern is None:
+            text, error = self._answer(_texts(response, self.spec.prompt_format)[0], pattern, request.constraint, sample)
+            if error is None:
                 break
-            text = text.strip()
-            if "response_format" in self.spec.constraint_fields:
-                text = _json_answer(text)
-            if pattern.fullmatch(text):
-                error = None
-                break
-            c = request.constraint
-            error = (f"answer {text[:80]!r} is not a number in [{c.low:g}, {c.high:g}] after {sample + 1} sample(s); "
-                     "does the server ignore the constraint fields?")
         return Completion(text, prompt_tokens, completion_tokens, time.perf_counter() - start, attempts, error)
+
+    def _answer(self, text: str, pattern: re.Pattern[str] | None, constraint: Constraint | None, sample: int) -> tuple[str, str | None]:
+        """A completion's text as stored (a constrained one stripped, its JSON answer read) and
+        the error that makes it invalid (None: valid, or free text)."""
+        if pattern is None:
+            return text, None
+        text = text.strip()
+        if "response_format" in self.spec.constraint_fields:
+            text = _json_answer(text)
+        if pattern.fullmatch(text) or constraint is None:
+            return text, None
+        return text, (f"answer {text[:80]!r} is not a number in [{constraint.low:g}, {constraint.high:g}] after {sample + 1} "
+                      "sample(s); does the server ignore the constraint fields?")
 
     def _body(self, request: Request, sample: int) -> dict[str, Any]:
         s = request.sampling
@@ -282,6 +319,8 @@ class OpenAIEngine(EngineBase):
             retry_after: float | None = None
             if self.limits is not None:
                 await self.limits.acquire(estimate)
+            if path.endswith("completions"):
+                self.requests += 1
             try:
                 response = await self._client.post(path, json=body)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
@@ -321,6 +360,104 @@ class OpenAIEngine(EngineBase):
         self._loop.close()
 
 
+class _SharedRequests:
+    """A batch answered by ``n`` completions a request: the agents that share a prompt (and an
+    opening) in agent-id order, cut into requests of ``per_request``, each seeded by its first agent
+    (+ the sample number); an invalid answer's agents are asked again the same way, up to
+    ``resamples`` times. A request's prompt tokens are shared equally by its agents, its completion
+    tokens in proportion to each answer's length, and its time equally: a batch's sums are the
+    server's. Agents a request got no choice for (a server that ignores ``n``) are answered per agent."""
+
+    def __init__(self, engine: OpenAIEngine, batch: RequestBatch):
+        self.engine, self.batch = engine, batch
+        self.requests = list(batch)
+        n = len(self.requests)
+        self.text = [""] * n
+        self.error: list[str | None] = [None] * n
+        self.prompt_tokens = [0] * n
+        self.completion_tokens = [0] * n
+        self.latency_s = [0.0] * n
+        self.attempts = [0] * n
+        self.done: list[Completion | None] = [None] * n  # agents answered per agent
+        self.pattern = re.compile(batch.constraint.regex) if batch.constraint is not None else None
+
+    async def run(self) -> list[Completion]:
+        spec = self.engine.spec
+        openings = self.batch.opening if self.batch.opening is not None else [""] * len(self.requests)
+        ids = np.asarray(self.batch.agent_id)
+        _, members = prompt_groups([f"{p}\x1f{o}" for p, o in zip(self.batch.prompt, openings)])
+        pending = [rows[np.argsort(ids[rows], kind="stable")].tolist() for rows in members]
+        semaphore = asyncio.Semaphore(spec.concurrency)
+        for sample in range(spec.resamples + 1 if self.pattern is not None else 1):
+            size = self.engine.per_request
+            parts = [(g, rows[k:k + size]) for g, rows in enumerate(pending) for k in range(0, len(rows), size)]
+            if not parts:
+                break
+
+            async def one(rows: list[int]) -> list[int]:
+                async with semaphore:
+                    return await self._ask(rows, sample)
+
+            again = await asyncio.gather(*(one(rows) for _, rows in parts))
+            # A prompt's invalid answers, from all its requests, are asked again together (in agent-id order).
+            merged: dict[int, list[int]] = {}
+            for (g, _), rows in zip(parts, again):
+                merged.setdefault(g, []).extend(rows)
+            pending = [rows for rows in merged.values() if rows]
+        return [done or Completion(self.text[i], self.prompt_tokens[i], self.completion_tokens[i], self.latency_s[i],
+                                   self.attempts[i], self.error[i]) for i, done in enumerate(self.done)]
+
+    async def _ask(self, rows: list[int], sample: int) -> list[int]:
+        """One request for the agents ``rows`` (one prompt); returns those whose answer is invalid."""
+        engine = self.engine
+        first = self.requests[rows[0]]
+        body = engine._body(first, sample)
+        if len(rows) > 1:
+            body["n"] = len(rows)
+        start = time.perf_counter()
+        response, tries, error = await engine._post(body, first.seed + sample)
+        share = (time.perf_counter() - start) / len(rows)
+        for i in rows:
+            self.attempts[i] += tries
+            self.latency_s[i] += share
+        if response is None:  # the retry budget is spent: every agent of the request keeps the error
+            for i in rows:
+                self.error[i] = error
+            return []
+        texts = _texts(response, engine.spec.prompt_format)[: len(rows)]
+        usage = response.get("usage") or {}
+        prompt = _shares(int(usage.get("prompt_tokens") or 0), [1] * len(texts))
+        completion = _shares(int(usage.get("completion_tokens") or 0), [len(t) + 1 for t in texts])
+        invalid = []
+        for i, text, p, c in zip(rows, texts, prompt, completion):
+            self.prompt_tokens[i] += p
+            self.completion_tokens[i] += c
+            self.text[i], self.error[i] = engine._answer(text, self.pattern, first.constraint, sample)
+            if self.error[i] is not None:
+                invalid.append(i)
+        if len(texts) < len(rows):  # the server ignores n: these agents, and every later batch, per agent
+            if engine.per_request > 1:
+                engine.per_request = 1
+                logging.getLogger("keynes.engines.openai").warning(
+                    "completions_per_request: the server at %s answered %d choice(s) for n=%d; sending one request per "
+                    "agent (set completions_per_request: 1)", engine.spec.base_url, len(texts), len(rows))
+            rest = await asyncio.gather(*(engine._complete(self.requests[i], self.pattern) for i in rows[len(texts):]))
+            for i, done in zip(rows[len(texts):], rest):
+                self.done[i] = Completion(done.text, done.prompt_tokens, done.completion_tokens, self.latency_s[i] + done.latency_s,
+                                          self.attempts[i] + done.attempts, done.error)
+        return invalid
+
+
+def _shares(total: int, weights: list[int]) -> list[int]:
+    """``total`` split in proportion to ``weights`` in whole numbers that sum to it (largest remainders)."""
+    if not weights:
+        return []
+    exact = np.asarray(weights, np.float64) * total / max(sum(weights), 1)
+    out = np.floor(exact).astype(np.int64)
+    out[np.argsort(out - exact, kind="stable")[: total - int(out.sum())]] += 1
+    return out.tolist()
+
+
 def _constraint_fields(constraint: Constraint, fields: tuple[str, ...]) -> dict[str, Any]:
     """The request fields that ask a server to constrain the answer, in each server's dialect."""
     out: dict[str, Any] = {}
@@ -348,11 +485,12 @@ def _json_answer(text: str) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}".rstrip("0")
 
 
-def _text(response: dict[str, Any], prompt_format: str) -> str:
-    choice = (response.get("choices") or [{}])[0]
+def _texts(response: dict[str, Any], prompt_format: str) -> list[str]:
+    """Each choice's text, by its index (at least one: empty when the server sent none)."""
+    choices = sorted(response.get("choices") or [{}], key=lambda c: int(c.get("index") or 0))
     if prompt_format == "chat":
-        return (choice.get("message") or {}).get("content") or ""
-    return choice.get("text") or ""
+        return [(c.get("message") or {}).get("content") or "" for c in choices]
+    return [c.get("text") or "" for c in choices]
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -373,7 +511,7 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 def _token_estimate(body: dict[str, Any]) -> float:
-    """Tokens a request will use before the server says: ~4 characters a token, plus max_tokens."""
+    """Tokens a request will use before the server says: ~4 characters a token, plus max_tokens for each of its n choices."""
     text = body.get("prompt") or "".join(m.get("content", "") for m in body.get("messages", []))
-    return len(text) / 4 + int(body.get("max_tokens") or 0)
+    return len(text) / 4 + int(body.get("max_tokens") or 0) * int(body.get("n") or 1)
 

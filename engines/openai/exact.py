@@ -27,6 +27,7 @@ import httpx
 import numpy as np
 
 from engines.models import cache_dir
+from engines.openai.endpoint import auth_headers, check_endpoint
 from engines.shared_context import ANSWER_CHARS, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedContextAnswers, assemble, chunks, walk_prompts
 from engines.shared_context.language import read_vocab, write_vocab
 
@@ -126,25 +127,12 @@ def check_server(spec: OpenAISpec) -> Served:
 
 
 def _check(spec: OpenAISpec) -> Served:
-    import os
-
-    key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with httpx.Client(headers=headers, timeout=spec.timeout_s) as client:
+    with httpx.Client(headers=auth_headers(spec), timeout=spec.timeout_s) as client:
         base = spec.base_url.rstrip("/")
         try:
-            models = client.get(f"{base}/models")
-        except httpx.HTTPError as exc:
-            raise ServerError(f"base_url: no server answers at {base} ({type(exc).__name__}: {exc}); start it or fix base_url") from None
-        if models.status_code in (401, 403):
-            where = f"${spec.api_key_env}" if spec.api_key_env else "api_key_env"
-            said = "refused the key in" if key else "needs a key; set"
-            raise ServerError(f"api_key_env: the server at {base} {said} {where} (HTTP {models.status_code})")
-        if models.status_code != 200:
-            raise ServerError(f"base_url: {base}/models answered HTTP {models.status_code}: {models.text[:200]}")
-        served = [m.get("id") for m in models.json().get("data", [])]
-        if spec.model not in served:
-            raise ServerError(f"model: the server at {base} does not serve {spec.model!r}; it serves {', '.join(map(str, served)) or 'nothing'}")
+            check_endpoint(client, spec)
+        except ValueError as exc:
+            raise ServerError(str(exc)) from None
         source = _tokenizer_source(spec)
         tokenized = client.post(f"{api_root(base)}/tokenize", json={"model": spec.model, "prompt": PROBE_TEXT, "add_special_tokens": True})
         if tokenized.status_code != 200:

@@ -1,8 +1,8 @@
 """What each kind of OpenAI-compatible server takes: the ``server:`` presets of the openai engine.
 
 A preset fills the settings a user leaves unset (``prompt_format``, ``constraint_fields``,
-``shared_context``); every one can still be set by hand. ``generic``, the default, sends one
-request per agent with both constraint dialects.
+``shared_context``, ``completions_per_request``); every one can still be set by hand. ``generic``,
+the default, sends one request per agent with both constraint dialects.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ class Preset:
     constraint_fields: tuple[ConstraintField, ...]
     shared_context: bool
     about: str
+    #: Completions asked for in one request (``n``) by agents that share a prompt; 1: one request per agent.
+    completions_per_request: int = 1
 
 
 PRESETS: dict[str, Preset] = {
@@ -32,5 +34,6 @@ PRESETS: dict[str, Preset] = {
                    "structured outputs for the rest"),
     "llamacpp": Preset("completion", ("grammar",), False, "llama.cpp's server (or llama-cpp-python's): a GBNF grammar"),
     "openai": Preset("chat", (), False,
-                     "a hosted API: chat completions, no grammar fields (response_format, a JSON schema, when asked for)"),
+                     "a hosted API: chat completions, no grammar fields (response_format, a JSON schema, when asked for), "
+                     "agents that share a prompt answered by up to 128 completions of one request (OpenAI's limit of n)", 128),
 }

@@ -12,11 +12,11 @@ supply the next-token logits of the tree's nodes (``walk``'s ``evaluate``):
 
 from __future__ import annotations
 
-from engines.shared_context.answers import Compute, SharedContextAnswers, context_hash
+from engines.shared_context.answers import Compute, SharedContextAnswers, context_hash, prompt_groups
 from engines.shared_context.board import KEEP, WAIT_S, AnswerBoard, Board, Claims
 from engines.shared_context.chain import Chain
 from engines.shared_context.language import ANSWER_CHARS, MAX_SHARED_ANSWERS, PENALTY_LAST_N, AnswerVocab, answer_count, answer_language, applies
 from engines.shared_context.tree import AnswerTree, AnswerTrees, Node
 from engines.shared_context.walk import Chunk, Distribution, Evaluate, EvaluateIds, NodeRequest, Walker, assemble, chunks, walk, walk_prompts
 
-__all__ = ['ANSWER_CHARS', 'AnswerBoard', 'AnswerTree', 'AnswerTrees', 'AnswerVocab', 'Board', 'Chain', 'Chunk', 'Claims', 'Compute', 'Distribution', 'Evaluate', 'EvaluateIds', 'KEEP', 'MAX_SHARED_ANSWERS', 'Node', 'NodeRequest', 'PENALTY_LAST_N', 'SharedContextAnswers', 'WAIT_S', 'Walker', 'answer_count', 'answer_language', 'applies', 'assemble', 'chunks', 'context_hash', 'walk', 'walk_prompts']
+__all__ = ['ANSWER_CHARS', 'AnswerBoard', 'AnswerTree', 'AnswerTrees', 'AnswerVocab', 'Board', 'Chain', 'Chunk', 'Claims', 'Compute', 'Distribution', 'Evaluate', 'EvaluateIds', 'KEEP', 'MAX_SHARED_ANSWERS', 'Node', 'NodeRequest', 'PENALTY_LAST_N', 'SharedContextAnswers', 'WAIT_S', 'Walker', 'answer_count', 'answer_language', 'applies', 'assemble', 'chunks', 'context_hash', 'prompt_groups', 'walk', 'walk_prompts']

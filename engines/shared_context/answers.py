@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -20,6 +20,15 @@ def context_hash(prompt: str, chain: Chain, low: float, high: float, integer: bo
 
     blob = "\x1f".join([prompt, repr(chain), f"{low:g}", f"{high:g}", str(integer), str(max_tokens)])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def prompt_groups(prompts: Sequence[str]) -> tuple[list[str], list[np.ndarray]]:
+    """A batch's distinct prompts, sorted, and the rows that hold each (in batch order)."""
+    import polars as pl
+
+    frame = pl.DataFrame({"prompt": pl.Series(list(prompts), dtype=pl.String)}).with_row_index("row")
+    groups = frame.group_by("prompt").agg("row").sort("prompt")
+    return groups["prompt"].to_list(), [np.asarray(rows, np.int64) for rows in groups["row"].to_list()]
 
 
 #: ``compute(prompts, claims) -> [(distribution, prompt tokens), the exception that prevented it,
@@ -66,9 +75,7 @@ class SharedContextAnswers:
         assert c is not None, "shared answers need a constraint"
         max_tokens = batch.sampling.max_tokens
         n = len(batch)
-        frame = pl.DataFrame({"prompt": pl.Series(list(batch.prompt), dtype=pl.String)}).with_row_index("row")
-        groups = frame.group_by("prompt").agg("row").sort("prompt")
-        prompts: list[str] = groups["prompt"].to_list()
+        prompts, members = prompt_groups(batch.prompt)
         keys = [context_hash(p, chain, c.low, c.high, c.integer, max_tokens) for p in prompts]
         todo = [i for i, k in enumerate(keys) if k not in self._cache]
         start = time.perf_counter()
@@ -100,8 +107,7 @@ class SharedContextAnswers:
         seeds = np.asarray(batch.seed)
         error: list[str | None] = [None] * n
         rows_out = []
-        for key, rows in zip(keys, groups["row"].to_list()):
-            rows = np.asarray(rows, np.int64)
+        for key, rows in zip(keys, members):
             if key in failed:
                 text[rows] = ""
                 for r in rows.tolist():

@@ -195,3 +195,21 @@ def test_a_round_survives_the_server_being_killed_and_restarted(gguf, tmp_path, 
     assert rows[0][:3] == (n, n, n) and rows[0][4] == 0  # none lost, none duplicated, all valid
     assert rows[0][3] > 1  # some requests were retried through the outage
     assert all(0 <= g <= 100 and g == round(g) for g in guesses)
+
+
+def test_a_server_that_ignores_n_is_answered_per_agent_with_a_warning(llama_server, caplog):
+    """llama-cpp-python's server drops ``n`` (one choice a request): the agents left without a
+    choice are answered one request each, the setting named once in a warning, and so is every
+    later batch of the engine."""
+    engine = engine_for(llama_server.base_url, completions_per_request=4)
+    try:
+        with caplog.at_level("WARNING", logger="keynes.engines.openai"):
+            out = engine.generate(batch(4))
+            first_requests = engine.requests
+            engine.generate(batch(3))
+    finally:
+        engine.close()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "keynes.engines.openai"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"completions_per_request: the server at {llama_server.base_url} answered 1 choice(s) for n=4")
+    assert out.error == [None] * 4 and all(re.fullmatch(number_regex(0, 100), t) for t in out.text), out.text
+    assert first_requests == 4 and engine.requests == 7 and engine.per_request == 1

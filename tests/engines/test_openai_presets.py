@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engines import Constraint, parse_spec
-from engines.openai.engine import _constraint_fields, _json_answer
+from engines.openai.engine import _constraint_fields, _json_answer, _shares, _texts
 from engines.openai.exact import api_root, steps_of
 
 pytestmark = pytest.mark.quick
@@ -16,20 +16,24 @@ def spec(**settings):
     return parse_spec({"kind": "openai", "base_url": "http://127.0.0.1:8000/v1", "model": "m", **settings})
 
 
-@pytest.mark.parametrize("server, prompt_format, fields, shared", [
-    ("generic", "completion", ("grammar", "structured_outputs"), False),
-    ("vllm", "completion", ("structured_outputs",), True),
-    ("llamacpp", "completion", ("grammar",), False),
-    ("openai", "chat", (), False),
+@pytest.mark.parametrize("server, prompt_format, fields, shared, per_request", [
+    ("generic", "completion", ("grammar", "structured_outputs"), False, 1),
+    ("vllm", "completion", ("structured_outputs",), True, 1),
+    ("llamacpp", "completion", ("grammar",), False, 1),
+    ("openai", "chat", (), False, 128),
 ])
-def test_each_preset_sets_its_defaults(server, prompt_format, fields, shared):
+def test_each_preset_sets_its_defaults(server, prompt_format, fields, shared, per_request):
     s = spec(server=server)
     assert (s.prompt_format, s.constraint_fields, s.shared_context, s.uses_shared_context) == (prompt_format, fields, shared, shared)
+    assert s.completions_per_request == s.batched_choices == per_request
 
 
 def test_no_preset_is_the_engine_as_it_was_and_every_field_can_be_set_by_hand():
     assert spec() == spec(server="generic")
     assert (spec().prompt_format, spec().constraint_fields, spec().uses_shared_context) == ("completion", ("grammar", "structured_outputs"), False)
+    assert spec(server="openai", completions_per_request=1).batched_choices == 1
+    with pytest.raises(ValueError, match="completions_per_request"):
+        spec(completions_per_request=0)
     s = spec(server="vllm", prompt_format="chat", constraint_fields=[], shared_context=False)
     assert (s.prompt_format, s.constraint_fields, s.uses_shared_context) == ("chat", (), False)
     assert spec(server="openai", constraint_fields=["response_format"]).constraint_fields == ("response_format",)
@@ -54,3 +58,16 @@ def test_the_exact_path_reads_vllms_answers():
         {"index": 0, "logprobs": {"top_logprobs": [{"token_id:3": 0.25}]}},
     ]}
     assert steps_of(response, 2) == [{3: 0.25}, {7: 1.5, 9: -2.0}]
+
+
+def test_a_requests_tokens_are_shared_by_its_agents_in_whole_numbers_that_sum_to_them():
+    assert _shares(10, [1, 1, 1]) == [4, 3, 3] and _shares(7, [1, 1, 5]) == [1, 1, 5] and _shares(0, [2, 3]) == [0, 0]
+    assert sum(_shares(1001, [3, 7, 11, 1])) == 1001 and _shares(5, []) == []
+
+
+def test_choices_are_read_in_the_order_of_their_index():
+    response = {"choices": [{"index": 2, "message": {"content": "c"}}, {"index": 0, "message": {"content": "a"}},
+                            {"index": 1, "message": {"content": "b"}}]}
+    assert _texts(response, "chat") == ["a", "b", "c"]
+    assert _texts({"choices": [{"index": 1, "text": "y"}, {"index": 0, "text": "x"}]}, "completion") == ["x", "y"]
+    assert _texts({}, "completion") == [""]

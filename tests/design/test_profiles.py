@@ -102,6 +102,12 @@ def test_the_experiment_id_follows_the_engines_and_the_stored_config_names_the_p
     assert one.experiment_id != other.experiment_id
 
 
+@pytest.mark.parametrize("ref", ["a" * 5000, "~no-such-user-here/p.yaml", "nul\x00.yaml"])
+def test_a_profile_name_no_file_system_can_hold_is_refused_as_unknown(ref):
+    with pytest.raises(ConfigError, match=r"^models: '.*' is neither a shipped profile \(laptop, served\) nor a profile file$"):
+        load_config(PAPER / "offset.yaml", [f"models={ref}"])
+
+
 def test_a_profile_file_by_path_with_a_variables_default(tmp_path, monkeypatch):
     monkeypatch.delenv("KEYNES_TEST_MODEL", raising=False)
     profile = tmp_path / "mine.yaml"

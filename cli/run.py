@@ -19,19 +19,22 @@ def run(
     config: Annotated[Path, typer.Argument(help="The experiment config (YAML).")],
     db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse (overrides `db` in the config).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field: dotted.key=value (repeatable).")] = None,
+    models: Annotated[Optional[str], typer.Option("--models", help="A models profile: laptop (the bundled models, a size a laptop finishes in minutes), served (a vLLM server: $KEYNES_SERVED_URL, $KEYNES_SERVED_MODEL) or a profile file; its engines replace the config's LLM engines and backstory engine, before --set (docs/paper.md).")] = None,
 ) -> None:
     """Run (or resume) an experiment and store every guess.
 
     Example: keynes run experiments/quickstart.yaml --set population.size=1000 --set game.rounds=2
+
+    Example: keynes run experiments/paper/temperature.yaml --models laptop
     """
     import time
 
     began = time.monotonic()
     from design.config import ConfigError
-    from design.loading import load_config
+    from design.loading import load_config, run_overrides
     from warehouse.store import Warehouse, WarehouseError
 
-    overrides = list(set_ or []) + ([f"db={db}"] if db else [])
+    overrides = run_overrides(set_, db, models)
     try:
         cfg = load_config(config, overrides)
         # Before anything starts: a run that cannot write its warehouse writes nothing.

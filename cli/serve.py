@@ -16,6 +16,7 @@ def serve(
     configs: Annotated[list[Path], typer.Argument(help="Experiment configs (YAML): one deployment each.")],
     db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse of every deployment (default: each config's `db`).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field in every deployment: dotted.key=value (repeatable).")] = None,
+    models: Annotated[Optional[str], typer.Option("--models", help="A models profile for every deployment (laptop, served or a profile file; docs/paper.md).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Flow runs at once across deployments (each starts its own local Ray unless workers.ray_address is set).")] = 1,
     report_port: Annotated[int, typer.Option("--report-port", min=0, help="The port of the report server started beside the deployments (0: none).")] = 5006,
     report_host: Annotated[str, typer.Option("--report-host", help="The address the report server binds: 127.0.0.1 (this machine only, no login) or e.g. 0.0.0.0 to share the pages on the network, behind a login: KEYNES_REPORT_PASSWORD or --report-credentials (or --report-public).")] = "127.0.0.1",
@@ -38,19 +39,19 @@ def serve(
         os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
     login = report_login(report_host, report_credentials, report_public, "report-") if report_port else None
     from design.config import ConfigError
-    from design.loading import load_config
+    from design.loading import load_config, run_overrides
     from warehouse.store import Warehouse, WarehouseError
 
     overrides = list(set_ or [])
     dbs: list[Path] = []
     try:
         for config in configs:
-            dbs.append(Path(load_config(config, overrides + ([f"db={db}"] if db else [])).db).resolve())
+            dbs.append(Path(load_config(config, run_overrides(overrides, db, models)).db).resolve())
             Warehouse(dbs[-1]).check_writable()
         from cli.runtime.serving import serve as serve_deployments
         from flows.deploy import deployments_for, ping
 
-        deployments = deployments_for(list(configs), overrides, db)
+        deployments = deployments_for(list(configs), overrides, db, models)
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
     from prefect.settings import PREFECT_API_URL

@@ -267,6 +267,12 @@ class ExperimentConfig(Strict):
     db: str = Field("keynes.duckdb", description="The DuckDB warehouse file.")
     report: ReportConfig = Field(default_factory=ReportConfig, description="The report page.")
     schedule: ScheduleConfig | None = Field(None, description="When `keynes serve` runs this experiment by itself.")
+    models: str | None = Field(
+        None,
+        description="A models profile (`keynes run --models`): a shipped one (laptop, served; experiments/profiles/) or a "
+        "profile file. Its engines replace the config's LLM engines (and the backstory engine) and its `set:` overrides "
+        "apply before the command line's (docs/paper.md). Recorded with the config; the experiment id covers the engines it put there.",
+    )
     continue_: bool = Field(
         False,
         alias="continue",
@@ -345,8 +351,9 @@ class ExperimentConfig(Strict):
     def config_hash(self) -> str:
         """A hash of everything that decides results (not where they are stored or computed)."""
         # Where results are stored or computed, when runs happen (schedule, one round per
-        # run) and the report do not decide results.
-        data = self.model_dump(mode="json", exclude={"db", "workers", "report", "schedule", "continue_"})
+        # run) and the report do not decide results; a models profile decides them through
+        # the engines and settings it put in the config, which the hash covers.
+        data = self.model_dump(mode="json", exclude={"db", "workers", "report", "schedule", "continue_", "models"})
         if self.game.history == History():  # the default: configs from before game.history keep their hash
             del data["game"]["history"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]

@@ -51,12 +51,41 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
             raise ConfigError(f"{origin}: not UTF-8 text (byte {exc.start})") from None
         except (OSError, ValueError) as exc:  # a folder, a name too long, a NUL in the name
             raise ConfigError(f"{origin}: cannot read the config ({getattr(exc, 'strerror', None) or exc})") from None
-    key = json.dumps([origin, text, list(overrides)])
+    data = json.loads(text) if isinstance(source, dict) else _yaml(origin, text)
+    profile = _profile(data, overrides)
+    key = json.dumps([origin, text, list(overrides), profile.key() if profile else None])
     if key not in _PARSED:
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.pop(next(iter(_PARSED)))
-        _PARSED[key] = _parse(origin, json.loads(text) if isinstance(source, dict) else _yaml(origin, text), overrides)
+        _PARSED[key] = _parse(data, overrides, profile)
     return _PARSED[key]
+
+
+def run_overrides(overrides: list[str] | tuple[str, ...] | None = None, db: str | Path | None = None, models: str | None = None) -> list[str]:
+    """A run's overrides as ``load_config`` takes them: the models profile (``keynes run --models``)
+    first, then ``overrides``, then the warehouse (``--db``)."""
+    return ([f"models={models}"] if models else []) + list(overrides or []) + ([f"db={db}"] if db else [])
+
+
+def _is_models(item: str) -> bool:
+    return item.split("=", 1)[0].strip() == "models"
+
+
+def _profile(data: dict, overrides: list[str] | tuple[str, ...]):
+    """The models profile the config's ``models`` names after the ``models=`` overrides (the
+    last wins), its variables read; None without one."""
+    from design.profiles import load_profile
+
+    chosen: dict = {"models": data.get("models")}
+    for item in overrides:
+        if _is_models(item):
+            apply_override(chosen, item)
+    ref = chosen["models"]
+    if ref is None or ref == "":
+        return None
+    if not isinstance(ref, str):
+        raise ConfigError(f"models: {_shown(ref)}: expected a profile name or file")
+    return load_profile(ref)
 
 
 class _Loader(yaml.SafeLoader):
@@ -129,9 +158,15 @@ def _check_nodes(origin: str, loader: _Loader, root: yaml.Node) -> None:
                 pending.append(((*path, str(key)), value_node))
 
 
-def _parse(origin: str, data: dict, overrides: list[str] | tuple[str, ...]) -> ExperimentConfig:
+def _parse(data: dict, overrides: list[str] | tuple[str, ...], profile=None) -> ExperimentConfig:
+    """The config: the models profile applied first (``design.profiles``), then the other overrides."""
+    if profile is not None:
+        from design.profiles import apply_profile
+
+        data = apply_profile(data, profile)
     for item in overrides:
-        apply_override(data, item)
+        if not (profile is not None and _is_models(item)):
+            apply_override(data, item)
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:

@@ -17,7 +17,7 @@ from prefect.schedules import Cron, Interval, Schedule
 from prefect.types.entrypoint import EntrypointType
 
 from design.config import NAME_REFUSES, ConfigError, ExperimentConfig, ScheduleConfig
-from design.loading import load_config
+from design.loading import load_config, run_overrides
 from flows.experiment import experiment
 
 
@@ -53,11 +53,12 @@ def describe(cfg: ExperimentConfig, path: Path) -> str:
 
 
 def deployment_for(
-    config: str | Path, overrides: list[str] | None = None, db: str | Path | None = None, name: str | None = None
+    config: str | Path, overrides: list[str] | None = None, db: str | Path | None = None, name: str | None = None,
+    models: str | None = None,
 ) -> RunnerDeployment:
     """A deployment of ``experiment`` for one config file.
 
-    Its parameters (the config path, overrides and db) are defaults that the UI's run
+    Its parameters (the config path, overrides, db and models profile) are defaults that the UI's run
     form can change for one run. Runs of one deployment never overlap (a run due while
     another plays is cancelled), so ``continue: true`` plays its rounds in order.
 
@@ -66,17 +67,19 @@ def deployment_for(
         overrides: ``dotted.key=value`` settings baked into the deployment's defaults.
         db: the warehouse (default: the config's ``db``, relative to where serve runs).
         name: the deployment's name (default: the experiment's name).
+        models: a models profile (``design.profiles``) baked into the deployment's defaults.
 
     Raises:
         ConfigError: the config, an override or its schedule is not valid.
     """
     path = Path(config).resolve()
     overrides = list(overrides or [])
-    cfg = load_config(path, overrides + ([f"db={db}"] if db else []))
+    cfg = load_config(path, run_overrides(overrides, db, models))
     parameters: dict[str, Any] = {
         "config": str(path),
         "overrides": overrides,
         "db": str(Path(db).resolve()) if db else None,
+        "models": models,
     }
     return experiment.to_deployment(
         name=name or cfg.name,
@@ -92,15 +95,16 @@ def deployment_for(
     )
 
 
-def deployments_for(configs: list[str | Path], overrides: list[str] | None = None, db: str | Path | None = None) -> list[RunnerDeployment]:
+def deployments_for(configs: list[str | Path], overrides: list[str] | None = None, db: str | Path | None = None,
+                    models: str | None = None) -> list[RunnerDeployment]:
     """One deployment per config; names are the experiments' names, made unique by file name."""
     out: list[RunnerDeployment] = []
     seen: set[str] = set()
     for config in configs:
-        deployment = deployment_for(config, overrides, db)
+        deployment = deployment_for(config, overrides, db, models=models)
         if deployment.name in seen:
             stem = "".join("-" if c in NAME_REFUSES else c for c in Path(config).stem)  # as the name itself, nothing Prefect refuses
-            deployment = deployment_for(config, overrides, db, name=f"{deployment.name}-{stem}")
+            deployment = deployment_for(config, overrides, db, name=f"{deployment.name}-{stem}", models=models)
         if deployment.name in seen:
             raise ConfigError(f"{config}: a deployment named {deployment.name!r} is already served")
         seen.add(deployment.name)

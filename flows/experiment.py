@@ -26,7 +26,7 @@ from design.arms import Arm, check_prompt_inputs
 from design.budget import check_context
 from design.config import ConfigError, ExperimentConfig
 from design.inputs import check_inputs, fingerprint
-from design.loading import load_config
+from design.loading import load_config, run_overrides
 from design.prompting import check_prompting, engine_index
 from design.provenance import collect as provenance_now
 from design.shards import sized
@@ -124,8 +124,7 @@ def _flow_run_name() -> str:
     source = params.get("config")
     fallback = source.get("name", "inline") if isinstance(source, dict) else Path(str(source)).stem
     try:
-        db = params.get("db")
-        cfg = load_config(source, list(params.get("overrides") or []) + ([f"db={db}"] if db else []))
+        cfg = load_config(source, run_overrides(params.get("overrides"), params.get("db"), params.get("models")))
     except Exception:  # the run fails with the reason; its name still says what it was
         try:
             fallback = load_config(source, []).name
@@ -146,7 +145,7 @@ def _flow_run_name() -> str:
 
 @flow(name="experiment", flow_run_name=_flow_run_name, log_prints=True)
 @one_line_failures
-def experiment(config: str | dict, overrides: list[str] | None = None, db: str | None = None) -> ExperimentSummary:
+def experiment(config: str | dict, overrides: list[str] | None = None, db: str | None = None, models: str | None = None) -> ExperimentSummary:
     """Run (or resume) an experiment.
 
     Args:
@@ -155,13 +154,16 @@ def experiment(config: str | dict, overrides: list[str] | None = None, db: str |
         overrides: ``dotted.key=value`` settings applied on top of the config, e.g.
             ``population.size=1000``.
         db: the DuckDB warehouse file (overrides ``db`` in the config).
+        models: a models profile (``laptop``, ``served`` or a profile file): its engines
+            replace the config's LLM engines and backstory engine, before ``overrides``
+            (``design.profiles``).
 
     Returns:
         A summary: experiment id, database, arms, rounds played and rows written, and
         whether every round of every arm is now played (``complete``).
     """
     mark("flow: started")
-    cfg = load_config(config, list(overrides or []) + ([f"db={db}"] if db else []))
+    cfg = load_config(config, run_overrides(overrides, db, models))
     logger = get_run_logger()
     warehouse = store.open_warehouse(cfg.db)
     arms = cfg.arms_list()

@@ -31,7 +31,7 @@ from prefect.logging.handlers import PrefectConsoleHandler
 from prefect.states import Failed
 
 from design.config import ConfigError
-from design.loading import load_config
+from design.loading import load_config, run_overrides
 from tasks import store
 from tasks.retries import INTERRUPTED
 from tasks.store import WarehouseError
@@ -107,7 +107,7 @@ def install() -> None:
         sys.excepthook = _QuietInterrupts(sys.excepthook)
 
 
-def mark_interrupted(config: str | dict, overrides: list[str] | None = None, db: str | None = None) -> str | None:
+def mark_interrupted(config: str | dict, overrides: list[str] | None = None, db: str | None = None, models: str | None = None) -> str | None:
     """Mark the experiment of a flow run's parameters, and its arms still running, ``interrupted``.
 
     Returns:
@@ -115,7 +115,7 @@ def mark_interrupted(config: str | dict, overrides: list[str] | None = None, db:
         warehouse yet) or the warehouse could not be written (a warning says why).
     """
     try:
-        cfg = load_config(config, list(overrides or []) + ([f"db={db}"] if db else []))
+        cfg = load_config(config, run_overrides(overrides, db, models))
     except ConfigError:
         return None
     if not Path(cfg.db).exists():

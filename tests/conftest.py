@@ -92,6 +92,8 @@ def local_ray():
 #: reasoning tokens instead of 48 (the reasoning's decode is most of the run's cost). The report,
 #: plan and llama.cpp flow tests all read it.
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
+#: Every experiment config: the YAML files under experiments/ but the models profiles (design/profiles.py).
+EXPERIMENT_CONFIGS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "experiments").rglob("*.yaml") if p.parent.name != "profiles")
 QUICKSTART_AGENTS, QUICKSTART_ROUNDS = 10, 2
 QUICKSTART_OVERRIDES = [f"population.size={QUICKSTART_AGENTS}", f"game.rounds={QUICKSTART_ROUNDS}", "arms.max_reasoning_tokens=24"]
 
@@ -151,7 +153,7 @@ SHARED = {
     "quickstart": ("tests/engines/test_llamacpp.py", "tests/flows/test_plan.py", "tests/reports/test_report.py",
                    "tests/flows/test_experiments_configs.py", "tests/test_doc_commands.py", "tests/reports/test_llm_pools.py"),
     "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_chat.py", "tests/benchmarks/test_vllm_throughput_smoke.py",
-             "tests/engines/test_openai_vllm.py", "tests/engines/test_openai_hosted.py"),
+             "tests/engines/test_openai_vllm.py", "tests/engines/test_openai_hosted.py", "tests/flows/test_paper_served.py"),
 }
 
 
@@ -161,7 +163,7 @@ _GROUP_OF = {module: group for group, modules in SHARED.items() for module in mo
 #: run's ``--durations``): they are handed out first, so that no long one is left for the end
 #: while the other worker idles. Other modules follow in pytest-randomly's order.
 WEIGHTS = {
-    "quickstart": 520, "vllm": 600, "tests/flows/test_deploy.py": 230, "tests/reliability/test_resume_and_readers.py": 130,
+    "quickstart": 520, "vllm": 820, "tests/flows/test_deploy.py": 230, "tests/reliability/test_resume_and_readers.py": 130,
     "tests/benchmarks/test_shared_context_smoke.py": 100, "tests/engines/test_openai.py": 100,
     "tests/flows/test_shared_context.py": 70, "tests/reports/test_deployment_runs.py": 80, "tests/reports/test_depth_report.py": 70,
     "tests/flows/test_temporary_api.py": 66, "tests/benchmarks/test_chaos_smoke.py": 62, "tests/engines/test_llamacpp_batch.py": 60,
@@ -194,9 +196,10 @@ def pytest_runtest_setup(item):
 
 #: Modules that run after the rest of their SHARED group, in this order: the vLLM server takes the
 #: in-process engine's slot (one vLLM at a time, ``vllm_engine``), so it starts once Gemma's in-process
-#: modules are done (test_openai_vllm.py's reference included), serves the hosted preset's module next,
-#: and SmolLM2's engine loads after it; each model and the server load once.
-LAST_IN_GROUP = {"tests/engines/test_openai_vllm.py": 1, "tests/engines/test_openai_hosted.py": 1.5, "tests/engines/test_vllm_chat.py": 2}
+#: modules are done (test_openai_vllm.py's reference included), serves the hosted preset's module and
+#: the paper's configs next, and SmolLM2's engine loads after it; each model and the server load once.
+LAST_IN_GROUP = {"tests/engines/test_openai_vllm.py": 1, "tests/engines/test_openai_hosted.py": 1.5, "tests/flows/test_paper_served.py": 1.6,
+                 "tests/engines/test_vllm_chat.py": 2}
 
 
 @pytest.hookimpl(trylast=True)

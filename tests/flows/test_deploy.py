@@ -192,13 +192,14 @@ def test_serve_registers_a_deployment_per_config_with_its_schedule(served):
     deployments = wait_for(lambda: (d := _deployments(served["api"])) and {"manual", "ticker"} <= set(d) and d, 120,
                            "the manual and ticker deployments")
     manual, ticker = deployments["manual"], deployments["ticker"]
-    assert manual.parameters == {"config": str(served["configs"]["manual"]), "overrides": [], "db": None}
+    assert manual.parameters == {"config": str(served["configs"]["manual"]), "overrides": [], "db": None, "models": None}
     assert manual.schedules == []
     assert [s.schedule.interval.total_seconds() for s in ticker.schedules] == [5.0]
-    # The run form: a config path (or inline mapping), an overrides list, a db.
+    # The run form: a config path (or inline mapping), an overrides list, a db, a models profile.
     properties = manual.parameter_openapi_schema["properties"]
-    assert {"config", "overrides", "db"} <= set(properties)
+    assert {"config", "overrides", "db", "models"} <= set(properties)
     assert "dotted.key=value" in properties["overrides"]["description"]
+    assert "laptop" in properties["models"]["description"]
 
 
 def test_a_triggered_run_with_an_override_completes_and_writes_the_warehouse(served):

@@ -2,8 +2,8 @@
 
 Each config runs through the ``experiment`` flow on the session's real Prefect API
 (``prefect_api``) and real local Ray (``local_ray``), into a fresh DuckDB file, with
-``--set``-style overrides: 5 agents, one actor, at most 2 rounds per game, 8 reasoning
-tokens. What plays, per kind of config:
+``--set``-style overrides: 5 agents (3 with the laptop profile), one actor, at most 2 rounds per
+game, 8 reasoning tokens. What plays, per kind of config:
 
 - ``quickstart.yaml`` plays on the engine it names, the real Gemma 3 270M on llama.cpp:
   the LLM is its point. Its run is the session's quickstart run (the ``quickstart``
@@ -14,6 +14,14 @@ tokens. What plays, per kind of config:
   round, of numbers from 0 to 10 (each prompt's answer tree 11 answers instead of 101): the
   quickstart plays round 2 and the whole 0–100 range, and tests/engines/test_prompt_formats.py
   plays the two models' mixture for two rounds.
+- The paper's configs (``experiments/paper/``) play with the documented switch, ``--models
+  laptop`` (experiments/profiles/laptop.yaml, docs/paper.md): their LLM engines, the backstory
+  engine too, become the real Gemma 3 270M and SmolLM2 135M Instruct on llama.cpp (shared
+  context), in order of first appearance, and arms that land on the same model merge. Numbers
+  from 0 to 10 (``game.high=10``: each prompt's answer tree 11 answers), 3 agents, one round
+  (two where later rounds are the point: ``PAPER_ROUNDS``), 8 reasoning tokens, 16-token
+  backstories. Their runs against a served model (``--models
+  served``, the session's vLLM server) are in tests/flows/test_paper_served.py.
 - Every other config is checked for its wiring (arms, prompt modes, games, rounds,
   groups, mixtures, backstories, what is stored): each LLM engine it names becomes a
   stand-in, the ``simulated`` engine's ``cognitive_hierarchy`` rule with noise (a
@@ -22,17 +30,16 @@ tokens. What plays, per kind of config:
   recognisable engine, and the config keeps all its arms. The stand-in's answers go
   through the same answer parser as a model's (its valid path only) and it writes the
   reasoning phase's free text as labelled placeholders. Why: these configs name vLLM
-  models of 7–70 B parameters on GPUs; what they add over the quickstart is their shape,
-  not another run of Gemma. Where the LLM engines of those configs run for real:
-  ``vllm_cpu.yaml`` plays on real vLLM on CPU in tests/engines/test_vllm.py;
-  ``vllm_gpu.yaml`` and the paper's models need NVIDIA GPUs, which this machine and CI do
-  not have (tests/gpu/ plays vLLM on a GPU where there is one);
+  models on a GPU or a server; what they add over the quickstart is their shape, not another
+  run of Gemma. Where their LLM engines run for real: ``vllm_cpu.yaml`` plays on real vLLM on
+  CPU in tests/engines/test_vllm.py, ``served_vllm.yaml`` against vLLM's server in
+  tests/engines/test_openai_vllm.py; ``vllm_gpu.yaml`` needs NVIDIA GPUs, which this machine
+  and CI do not have (tests/gpu/ plays vLLM on a GPU where there is one);
   tests/flows/test_shipped_configs.py validates every engine block as shipped.
 - Simulated engines that a config names itself (``paper/baselines.yaml``) play as shipped.
 - LLM-written backstories (``population.backstories``, ``paper/education.yaml``) are
-  written by the backstory engine's stand-in: the simulated engine answers a free-text
-  request with a labelled placeholder, which is enough to check that backstories are
-  written, stored with the engine that wrote them and kept as the personas' backgrounds.
+  written by the engine the profile puts there, stored with it and kept as the personas'
+  backgrounds.
 
 Each stand-in takes half a CPU, so a mixture's three actors fit the 2-CPU Ray. Prefect's
 API and Ray are the session's, started once. Report pages are built for two configs only,
@@ -53,23 +60,30 @@ import yaml
 import engines
 from design.loading import load_config
 from flows.experiment import experiment
-from tests.conftest import QUICKSTART_OVERRIDES, REPO
+from tests.conftest import EXPERIMENT_CONFIGS, QUICKSTART_OVERRIDES, REPO
 from tests.support.sql import q
 
-CONFIGS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "experiments").rglob("*.yaml"))
+CONFIGS = EXPERIMENT_CONFIGS
 LLM_KINDS = {"llamacpp", "vllm", "openai"}
 #: Configs that play on the LLM engines they name (the LLM is their point).
 REAL_LLM = {"experiments/quickstart.yaml", "experiments/models.yaml"}
+#: The paper's configs: they play with the laptop profile (``--models laptop``).
+PAPER = "experiments/paper/"
+#: The laptop profile's engines (experiments/profiles/laptop.yaml), in the order the configs' engines map onto them.
+LAPTOP = ({"kind": "llamacpp", "model": "gemma-3-270m"}, {"kind": "llamacpp", "model": "smollm2-135m-instruct"})
 #: The config whose run is the session's quickstart run (see the module docstring).
 SESSION_RUN = "experiments/quickstart.yaml"
 #: Configs played as a short game: one round, of numbers from 0 to 10 (see the module docstring).
 SHORT_GAME = {"experiments/models.yaml"}
+#: The paper's configs whose point is what later rounds are told: played for two rounds (the
+#: others, on the laptop profile's real models, for one).
+PAPER_ROUNDS = {"experiments/paper/multi_round.yaml", "experiments/paper/five_rounds.yaml", "experiments/paper/nested_groups.yaml"}
 #: Configs whose tiny run also builds its report page, and the comparison that page must draw.
 REPORTED = {
     "experiments/models.yaml": "Mean guess per round by model",  # two real models, alone and mixed
     "experiments/paper/ratios.yaml": "Mean guess per round by game rule",  # two games
 }
-SIZE, MAX_ROUNDS, NOISE = 5, 2, 2.0
+SIZE, LAPTOP_SIZE, MAX_ROUNDS, NOISE = 5, 3, 2, 2.0
 
 
 def stand_in(index: int) -> dict:
@@ -78,16 +92,20 @@ def stand_in(index: int) -> dict:
 
 
 def plan(config: str) -> tuple[list[str], list[dict], dict | None]:
-    """The tiny run of a config: its overrides, the engines its arms play on (as written
-    into the overrides, or as shipped), and the engine that writes backstories (or None)."""
+    """The tiny run of a config: its overrides, the engines its arms play on (as the laptop
+    profile maps them, as written into the overrides, or as shipped), and the engine that
+    writes backstories (or None)."""
     data = yaml.safe_load((REPO / config).read_text())
     arms = data.get("arms", {})
-    overrides = [
-        f"population.size={SIZE}", "workers.actors=1", f"workers.shard_size={SIZE}", "workers.ray_address=null",
-        "arms.max_reasoning_tokens=8", f"game.rounds={1 if config in SHORT_GAME else min(data.get('game', {}).get('rounds', 1), MAX_ROUNDS)}",
+    paper = config.startswith(PAPER)
+    size = LAPTOP_SIZE if paper else SIZE
+    overrides = ["models=laptop"] if paper else []
+    overrides += [
+        f"population.size={size}", "workers.actors=1", f"workers.shard_size={size}", "workers.ray_address=null",
+        "arms.max_reasoning_tokens=8", f"game.rounds={1 if config in SHORT_GAME or paper and config not in PAPER_ROUNDS else min(data.get('game', {}).get('rounds', 1), MAX_ROUNDS)}",
         f"report.enabled={'true' if config in REPORTED else 'false'}",
     ]
-    if config in SHORT_GAME:
+    if config in SHORT_GAME or paper:
         overrides.append("game.high=10")
     for i, game in enumerate(arms.get("games", [])):
         if game.get("rounds", 1) > MAX_ROUNDS:
@@ -95,6 +113,8 @@ def plan(config: str) -> tuple[list[str], list[dict], dict | None]:
     shipped = arms.get("engines", [{"kind": "simulated"}])
     backstories = data.get("population", {}).get("backstories", {})
     writer = backstories.get("engine", {"kind": "llamacpp"}) if backstories.get("enabled") else None
+    if writer is not None and paper:
+        overrides.append("population.backstories.max_tokens=16")
     if config in REAL_LLM:
         return overrides, shipped, writer
     stand_ins: dict[str, dict] = {}
@@ -104,14 +124,16 @@ def plan(config: str) -> tuple[list[str], list[dict], dict | None]:
             return {**engine, "components": [{**c, "engine": replace(c["engine"])} for c in engine["components"]]}
         if engine.get("kind") not in LLM_KINDS:
             return engine
-        return stand_ins.setdefault(json.dumps(engine, sort_keys=True), stand_in(len(stand_ins)))
+        index = len(stand_ins)
+        return stand_ins.setdefault(json.dumps(engine, sort_keys=True), LAPTOP[index % len(LAPTOP)] if paper else stand_in(index))
 
-    played = [replace(e) for e in shipped]
-    if played != shipped:
+    played = list({json.dumps(e, sort_keys=True): e for e in map(replace, shipped)}.values())  # arms on one engine merge
+    if played != shipped and not paper:
         overrides.append("arms.engines=" + json.dumps(played))
     if writer is not None:
         writer = replace(writer)
-        overrides.append("population.backstories.engine=" + json.dumps(writer))
+        if not paper:
+            overrides.append("population.backstories.engine=" + json.dumps(writer))
     return overrides, played, writer
 
 
@@ -125,21 +147,26 @@ def leaves(engine: dict) -> set[tuple[str, str]]:
 
 def test_configs_are_found():
     assert REAL_LLM | set(REPORTED) <= set(CONFIGS)
-    assert len([c for c in CONFIGS if c.startswith("experiments/paper/")]) >= 10
+    assert len([c for c in CONFIGS if c.startswith(PAPER)]) >= 10
+    assert not [c for c in CONFIGS if "/profiles/" in c]
 
 
-def test_every_llm_engine_of_a_wiring_config_gets_its_own_stand_in():
+def test_every_llm_engine_of_a_config_gets_its_own_stand_in_or_the_laptops_model_in_turn():
+    _, played, _ = plan("experiments/vllm_gpu.yaml")
+    assert played == [stand_in(0)]
     _, played, _ = plan("experiments/paper/mixture.yaml")
-    assert [c["engine"]["tau"] for c in played[0]["components"]] == [1.0, 1.5, 2.0]
+    assert [c["engine"]["model"] for c in played[0]["components"]] == ["gemma-3-270m", "smollm2-135m-instruct", "gemma-3-270m"]
     _, played, writer = plan("experiments/paper/education.yaml")
-    assert writer == played[0] == stand_in(0)  # the same Qwen writes backstories and plays
+    assert writer == played[0] == LAPTOP[0]  # the same Qwen writes backstories and plays
+    _, played, _ = plan("experiments/paper/models_prompts.yaml")
+    assert played == list(LAPTOP)  # five models, two on a laptop
     _, played, _ = plan("experiments/paper/baselines.yaml")
     assert played == yaml.safe_load((REPO / "experiments/paper/baselines.yaml").read_text())["arms"]["engines"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "config", [pytest.param(c, marks=pytest.mark.llm) if c in REAL_LLM else c for c in CONFIGS]
+    "config", [pytest.param(c, marks=pytest.mark.llm) if c in REAL_LLM or c.startswith(PAPER) else c for c in CONFIGS]
 )
 def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray, request):
     source = REPO / config
@@ -154,8 +181,10 @@ def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray, requ
     arms = cfg.arms_list()
     size = cfg.population.size  # SIZE, or the session run's
 
-    # The stand-ins keep the config's arms: every engine × prompt × temperature × game.
-    assert len(arms) == len(load_config(source).arms_list())
+    # The stand-ins keep the config's arms: every engine × prompt × temperature × game (the
+    # laptop profile's arms on one model merge).
+    shipped = load_config(source).arms
+    assert len(arms) == len(played) * len(shipped.prompts) * len(shipped.games) * len(shipped.temperatures)
     rounds = sum(a.rule.rounds for a in arms)
     assert summary.rows_written == size * rounds
     assert q(db, "select count(*), count(distinct (run_id, round, agent_id)) from guesses") == [(size * rounds, size * rounds)]
@@ -192,7 +221,9 @@ def test_config_runs_at_tiny_size(config, tmp_path, prefect_api, local_ray, requ
     if writer is not None:
         (label,) = leaves(writer)
         assert q(db, "select engine, model, count(*) from backstories group by all") == [(*label, size)]
-        assert q(db, "select count(*) from personas where background like '%(simulated text #%'") == [(size,)]
+        assert q(db, "select count(*) from personas p join backstories b on p.background = b.background where length(p.background) > 0") == [(size,)]
+    if config.startswith(PAPER):
+        assert cfg.models == "laptop" and json.loads(q(db, "select config from experiments")[0][0])["models"] == "laptop"
     if cfg.groups is not None:
         n_groups = q(db, "select count(distinct group_name) from group_members")[0][0]
         assert n_groups > 1

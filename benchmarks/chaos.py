@@ -90,7 +90,7 @@ EXPERIMENTS = {
 def keynes_command() -> list[str]:
     """The installed `keynes` script beside this interpreter, as users call it (else the module)."""
     script = Path(sys.executable).with_name("keynes")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "cli.app"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cli.launch"]
 
 
 def write_config(path: Path, args: argparse.Namespace) -> dict:

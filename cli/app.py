@@ -7,13 +7,11 @@ Prefect and Ray keynes's settings before any command imports them (``cli.common.
 from __future__ import annotations
 
 import gc
-import sys
 
 import typer
 
 from cli import bench, down, export, models, personas, plan, reference, report, run, serve, show, sql, up
 from cli.common import main_options
-from cli.runtime.runner import hand_off
 from tasks.timings import mark
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="keynes: very large p-beauty-contest simulations with LLM agents.")
@@ -41,15 +39,8 @@ app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:
-    """``python -m cli.app``: the command in the warm stack's runner when one takes it, else here."""
-    handed = hand_off(sys.argv[1:])
-    if handed is not None:
-        sys.exit(handed)
-    run_here()
-
-
-def run_here() -> None:
-    """The command in this process."""
+    """The command in this process (``keynes``, cli/launch.py, first offers ``keynes run`` to the
+    warm stack's runner)."""
     mark("cli: imported")
     try:
         app()

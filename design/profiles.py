@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 import engines
 from design.config import ConfigError
+from design.syntax import apply_override, format_error, read_yaml
 
 #: The shipped profiles, by name (``laptop`` is ``experiments/profiles/laptop.yaml``).
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "experiments" / "profiles"
@@ -60,7 +61,6 @@ def load_profile(ref: str) -> Profile:
         ConfigError: one line naming ``models``, the profile and what is wrong (an unknown
             name, a missing variable, an invalid engine block or override).
     """
-    from design.loading import _yaml
 
     ref = str(ref).strip()
     try:
@@ -73,7 +73,7 @@ def load_profile(ref: str) -> Profile:
         raise ConfigError(f"models: {shown!r} is neither a shipped profile ({', '.join(shipped())}) nor a profile file")
     where = f"models: {ref}" if path.parent == PROFILE_DIR else f"models: {path}"
     try:
-        data = _yaml(where, path.read_text(encoding="utf-8"))
+        data = read_yaml(where, path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read the profile ({getattr(exc, 'strerror', None) or exc})") from None
     unknown = sorted(set(data) - {"description", "engines", "set"})
@@ -115,7 +115,6 @@ def _read_variables(where: str, field: str, value: Any) -> Any:
 def _check_block(where: str, index: int, block: dict) -> None:
     """An engine block the profile gives, validated as its kind's config (a block without a
     model is checked with the kind's default model where it has one, else a stand-in name)."""
-    from design.loading import format_error
 
     if block.get("kind") not in LLM_KINDS:
         raise ConfigError(f"{where}: engines.{index}.kind: {block.get('kind')!r}; a profile's engines are LLM engines ({', '.join(LLM_KINDS)})")
@@ -160,7 +159,6 @@ def _text(block: dict) -> str:
 def apply_profile(data: dict, profile: Profile) -> dict:
     """The config's data with its LLM engines replaced by the profile's (see the module
     docstring), the profile's overrides applied and ``models`` set to the profile's reference."""
-    from design.loading import apply_override
 
     mapping = {}
     for i, block in enumerate(llm_engines(data)):

@@ -26,7 +26,7 @@ import socket
 import sys
 from pathlib import Path
 
-__all__ = ["hand_off", "serve", "socket_path"]
+__all__ = ["hand_off", "serve"]
 
 #: What the runner imports once, for every command it runs.
 PRELOAD = ("prefect", "prefect.flows", "flows.experiment", "tasks.pool", "design.loading", "warehouse.store", "ray")
@@ -42,11 +42,6 @@ FORK_TIMEOUT_S = 20.0
 SOURCE = Path(__file__).resolve().parents[2]
 #: True in a command the runner forked: it runs the command itself, never hands it on.
 _FORKED = False
-
-
-def socket_path(stack_logs: str | Path) -> Path:
-    """The runner's socket in the stack's folder (short: a socket path must fit 107 characters)."""
-    return Path(stack_logs) / "runner.sock"
 
 
 def _prefect_settings(env: dict[str, str]) -> dict[str, str]:
@@ -213,10 +208,10 @@ def _child(listener: socket.socket, conn: socket.socket, request: dict, fds: lis
         if conn.recv(1) != b"g":  # the caller gave up waiting and runs the command itself
             os._exit(0)
         _watch_caller(conn)
-        from cli.app import run_here
+        from cli.app import main
 
         try:
-            run_here()
+            main()
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

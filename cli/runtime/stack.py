@@ -38,7 +38,6 @@ import psutil
 
 from cli.runtime.processes import TAG as RUN_TAG
 from cli.runtime.processes import alive, cache_root, end, started, tagged
-from cli.runtime.runner import socket_path
 
 __all__ = ["STACK_TAG", "Stack", "StackError", "down", "for_command", "read", "record_path", "up"]
 
@@ -179,11 +178,12 @@ def up(num_cpus: int | None = None, say=print) -> Stack:
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(api_port)],
         env=env, stdin=subprocess.DEVNULL, stdout=api_log, stderr=subprocess.STDOUT, start_new_session=True,
     )
+    runner_socket = logs / "runner.sock"  # short: a socket's path must fit 107 characters
     with open(logs / "runner.log", "w") as runner_log:  # it imports meanwhile, and listens once it has
-        runner = subprocess.Popen([sys.executable, "-m", "cli.runtime.runner", str(socket_path(logs))], env=env, stdin=subprocess.DEVNULL,
+        runner = subprocess.Popen([sys.executable, "-m", "cli.runtime.runner", str(runner_socket)], env=env, stdin=subprocess.DEVNULL,
                          stdout=runner_log, stderr=subprocess.STDOUT, start_new_session=True)
     stack = Stack(tag=tag, ray_address="", prefect_url=f"http://127.0.0.1:{api_port}/api", ray_temp_dir="",
-                  auth_mode=env["RAY_AUTH_MODE"], num_cpus=cpus, logs=str(logs), runner=str(socket_path(logs)), **identity())
+                  auth_mode=env["RAY_AUTH_MODE"], num_cpus=cpus, logs=str(logs), runner=str(runner_socket), **identity())
     _write(stack, path)  # from now on `keynes down` finds it, even if this command is killed
     try:
         deadline = time.monotonic() + START_TIMEOUT_S * RAY_ATTEMPTS

@@ -72,11 +72,9 @@ class OpenAISpec(EngineSpec):
     )
     completions_per_request: int | None = Field(
         None, ge=1,
-        description="Agents of a batch that share a prompt (and its sampling settings) are answered by up to this many "
-        "completions of one request (the API's n; OpenAI's chat completions take up to 128), given to the agents in agent-id "
-        "order, the request seeded by its first agent: reasoning and answers alike, invalid answers resampled the same way. "
-        "1: one request per agent. A server that ignores n (fewer choices than asked, e.g. llama-cpp-python's) is warned "
-        "about once and answered per agent. Default: the server preset's (128 for openai, else 1).",
+        description="Agents that share a prompt are answered by up to this many completions of one request (the API's n; "
+        "OpenAI's chat completions take 128), in agent-id order, seeded by the first agent; 1: a request per agent; a server "
+        "that ignores n is answered per agent. Default: the preset's (128 for openai, else 1).",
     )
     shared_context: bool | None = Field(
         None,

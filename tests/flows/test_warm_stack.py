@@ -58,7 +58,7 @@ print(json.dumps({"nodes": sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]
 
 
 def keynes(env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "cli.launch", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def cluster(env: dict[str, str], address: str) -> dict:
@@ -96,7 +96,7 @@ def test_run_joins_the_warm_stack_survives_a_killed_run_and_down_leaves_nothing(
 
         config = tmp_path / "tiny.yaml"
         config.write_text(yaml.safe_dump({**TINY, "db": str(tmp_path / "tiny.duckdb")}))
-        run = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config)], cwd=REPO, env=user_env,
+        run = subprocess.Popen([sys.executable, "-m", "cli.launch", "run", str(config)], cwd=REPO, env=user_env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _out, err = run.communicate(timeout=400)
         assert run.returncode == 0, err[-3000:]
@@ -121,7 +121,7 @@ def test_run_joins_the_warm_stack_survives_a_killed_run_and_down_leaves_nothing(
         # A run killed mid-round: its watchdog ends what the run started, never the stack it joined.
         slow = tmp_path / "slow.yaml"
         slow.write_text(yaml.safe_dump({**SLOW, "db": str(tmp_path / "slow.duckdb")}))
-        killed = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(slow)], cwd=REPO, env=user_env,
+        killed = subprocess.Popen([sys.executable, "-m", "cli.launch", "run", str(slow)], cwd=REPO, env=user_env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         wait_for(lambda: killed.poll() is not None or cluster(user_env, stack.ray_address)["kept"].keys() - after["kept"].keys(),
                  300, "the run to be killed to start its actor in the stack")
@@ -138,7 +138,7 @@ def test_run_joins_the_warm_stack_survives_a_killed_run_and_down_leaves_nothing(
         # Ctrl-C on a handed-over run reaches the process that runs it: the run ends interrupted,
         # as it does in a process of its own.
         slow.write_text(yaml.safe_dump({**SLOW, "name": "warm-interrupted", "db": str(tmp_path / "interrupted.duckdb")}))
-        interrupted = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(slow)], cwd=REPO, env=user_env,
+        interrupted = subprocess.Popen([sys.executable, "-m", "cli.launch", "run", str(slow)], cwd=REPO, env=user_env,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: interrupted.poll() is not None or rows(tmp_path / "interrupted.duckdb", "select count(*) from guesses where round > 1"),
                  300, "the run to be interrupted to play its second round")
@@ -155,7 +155,7 @@ def test_run_joins_the_warm_stack_survives_a_killed_run_and_down_leaves_nothing(
         os.utime(source, ns=(mtime, mtime + 1_000_000_000))
         try:
             config.write_text(yaml.safe_dump({**TINY, "db": str(tmp_path / "edited.duckdb")}))
-            edited = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(config)], cwd=REPO, env=user_env,
+            edited = subprocess.Popen([sys.executable, "-m", "cli.launch", "run", str(config)], cwd=REPO, env=user_env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             _out, err = edited.communicate(timeout=400)
         finally:

@@ -151,7 +151,7 @@ SHARED = {
     "quickstart": ("tests/engines/test_llamacpp.py", "tests/flows/test_plan.py", "tests/reports/test_report.py",
                    "tests/flows/test_experiments_configs.py", "tests/test_doc_commands.py", "tests/reports/test_llm_pools.py"),
     "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_chat.py", "tests/benchmarks/test_vllm_throughput_smoke.py",
-             "tests/engines/test_openai_vllm.py"),
+             "tests/engines/test_openai_vllm.py", "tests/benchmarks/test_served_smoke.py"),
 }
 
 
@@ -194,7 +194,7 @@ def pytest_runtest_setup(item):
 #: Modules that run after the rest of their SHARED group, in this order: the vLLM server takes the
 #: in-process engine's slot (one vLLM at a time, ``vllm_engine``), so it starts once Gemma's in-process
 #: modules are done, and SmolLM2's engine loads after it; each model and the server load once.
-LAST_IN_GROUP = {"tests/engines/test_openai_vllm.py": 1, "tests/engines/test_vllm_chat.py": 2}
+LAST_IN_GROUP = {"tests/engines/test_openai_vllm.py": 1, "tests/benchmarks/test_served_smoke.py": 1, "tests/engines/test_vllm_chat.py": 2}
 
 
 @pytest.hookimpl(trylast=True)

@@ -48,12 +48,12 @@ def test_both_sections_count_requests_and_tokens_and_print_consistent_ratios(vll
 
     decisions = 2 * ROUNDS * GAME_AGENTS  # the five-round config's two arms
     for label in ("over HTTP, exact", "in process, shared"):
-        guesses, valid, wall, rounds = figures(re.escape(label) + rf"\s+({NUMBER}) guesses \(({NUMBER}) valid\)\s+wall ({NUMBER}) s\s+rounds ({NUMBER}) s", two)
+        guesses, valid, wall, rounds = figures(re.escape(label) + rf"\s+({NUMBER}) guesses \(({NUMBER}) valid\)\s+wall\s+({NUMBER}) s\s+rounds\s+({NUMBER}) s", two)
         assert guesses == valid == decisions and wall >= rounds > 0, two
     requests, prompt_tokens, completion_tokens = figures(
         rf"over HTTP: ({NUMBER}) requests, ({NUMBER}) prompt tokens, ({NUMBER}) completion tokens", two)
     assert requests > 0 and prompt_tokens > 0 and completion_tokens > 0, two
     (ratio, _) = figures(rf"ratio HTTP / in process: wall ({NUMBER})x, rounds ({NUMBER})x", two)
-    (http_wall,) = figures(rf"over HTTP, exact.*wall ({NUMBER}) s", two)
-    (local_wall,) = figures(rf"in process, shared.*wall ({NUMBER}) s", two)
+    (http_wall,) = figures(rf"over HTTP, exact.*wall\s+({NUMBER}) s", two)
+    (local_wall,) = figures(rf"in process, shared.*wall\s+({NUMBER}) s", two)
     assert ratio_of_printed(ratio, http_wall, local_wall, half_step=0.05), two

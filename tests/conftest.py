@@ -161,7 +161,7 @@ _GROUP_OF = {module: group for group, modules in SHARED.items() for module in mo
 #: run's ``--durations``): they are handed out first, so that no long one is left for the end
 #: while the other worker idles. Other modules follow in pytest-randomly's order.
 WEIGHTS = {
-    "quickstart": 520, "vllm": 470, "tests/flows/test_deploy.py": 230, "tests/reliability/test_resume_and_readers.py": 130,
+    "quickstart": 520, "vllm": 570, "tests/flows/test_deploy.py": 230, "tests/reliability/test_resume_and_readers.py": 130,
     "tests/benchmarks/test_shared_context_smoke.py": 100, "tests/engines/test_openai.py": 100,
     "tests/flows/test_shared_context.py": 70, "tests/reports/test_deployment_runs.py": 80, "tests/reports/test_depth_report.py": 70,
     "tests/flows/test_temporary_api.py": 66, "tests/benchmarks/test_chaos_smoke.py": 62, "tests/engines/test_llamacpp_batch.py": 60,

@@ -122,11 +122,12 @@ ROUND_WORK = """
 
 def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, ray_address: str | None,
                config: str = "experiments/quickstart.yaml", prompts: str | None = "[basic]", work: list | None = None,
-               sets: tuple[str, ...] = ()) -> tuple[float, float, float]:
+               sets: tuple[str, ...] = (), query: str = ROUND_WORK) -> tuple[float, float, float]:
     """Wall seconds, peak memory (GiB, summed RSS of ``keynes run`` and every process it starts:
     Ray, the actors, Prefect's API) and their CPU seconds, of one ``keynes run`` of ``config``
     (which joins ``ray_address`` if given, else starts a local Ray). ``work``: filled with the
-    run's ``ROUND_WORK`` rows; ``sets``: more ``--set key=value`` overrides, applied last."""
+    rows of ``query`` on the run's warehouse (default ``ROUND_WORK``); ``sets``: more
+    ``--set key=value`` overrides, applied last (``arms.engines=[...]`` replaces the llama.cpp engine)."""
     from benchmarks.scale import MemorySampler
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,7 +152,7 @@ def keynes_run(n: int, rounds: int, shared: bool, shard_size: int, actors: int, 
         with duckdb.connect(f"{tmp}/b.duckdb", read_only=True) as con:
             rows, valid = con.execute("select count(*), count(guess) from guesses").fetchall()[0]
             if work is not None:
-                work += con.execute(ROUND_WORK).fetchall()
+                work += con.execute(query).fetchall()
         print(f"  guesses stored: {rows:,} ({valid:,} valid)")
     return wall, sampler.peak / 2**30, sampler.cpu_s
 

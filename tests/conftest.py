@@ -153,7 +153,8 @@ SHARED = {
     "quickstart": ("tests/engines/test_llamacpp.py", "tests/flows/test_plan.py", "tests/reports/test_report.py",
                    "tests/flows/test_experiments_configs.py", "tests/test_doc_commands.py", "tests/reports/test_llm_pools.py"),
     "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_chat.py", "tests/benchmarks/test_vllm_throughput_smoke.py",
-             "tests/engines/test_openai_vllm.py", "tests/engines/test_openai_hosted.py", "tests/flows/test_paper_served.py"),
+             "tests/engines/test_openai_vllm.py", "tests/engines/test_openai_hosted.py", "tests/flows/test_paper_served.py",
+             "tests/benchmarks/test_served_smoke.py"),
 }
 
 
@@ -163,7 +164,7 @@ _GROUP_OF = {module: group for group, modules in SHARED.items() for module in mo
 #: run's ``--durations``): they are handed out first, so that no long one is left for the end
 #: while the other worker idles. Other modules follow in pytest-randomly's order.
 WEIGHTS = {
-    "quickstart": 520, "vllm": 820, "tests/flows/test_deploy.py": 230, "tests/reliability/test_resume_and_readers.py": 130,
+    "quickstart": 520, "vllm": 920, "tests/flows/test_deploy.py": 230, "tests/reliability/test_resume_and_readers.py": 130,
     "tests/benchmarks/test_shared_context_smoke.py": 100, "tests/engines/test_openai.py": 100,
     "tests/flows/test_shared_context.py": 70, "tests/reports/test_deployment_runs.py": 80, "tests/reports/test_depth_report.py": 70,
     "tests/flows/test_temporary_api.py": 66, "tests/benchmarks/test_chaos_smoke.py": 62, "tests/engines/test_llamacpp_batch.py": 60,
@@ -196,9 +197,10 @@ def pytest_runtest_setup(item):
 
 #: Modules that run after the rest of their SHARED group, in this order: the vLLM server takes the
 #: in-process engine's slot (one vLLM at a time, ``vllm_engine``), so it starts once Gemma's in-process
-#: modules are done (test_openai_vllm.py's reference included), serves the hosted preset's module and
-#: the paper's configs next, and SmolLM2's engine loads after it; each model and the server load once.
+#: modules are done (test_openai_vllm.py's reference included), serves the hosted preset's module,
+#: the paper's configs and benchmark (f) next, and SmolLM2's engine loads after it; each model and the server load once.
 LAST_IN_GROUP = {"tests/engines/test_openai_vllm.py": 1, "tests/engines/test_openai_hosted.py": 1.5, "tests/flows/test_paper_served.py": 1.6,
+                 "tests/benchmarks/test_served_smoke.py": 1.7,
                  "tests/engines/test_vllm_chat.py": 2}
 
 

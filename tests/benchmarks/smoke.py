@@ -17,8 +17,15 @@ def run_benchmark(script: str, *args: str, timeout: float = 600, env: dict[str, 
     """``python benchmarks/<script> args…``; fails with its output unless it exits 0; its stdout."""
     result = subprocess.run([sys.executable, f"benchmarks/{script}", *args], cwd=REPO, env=env or dict(os.environ),
                             capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout[-3000:] + readable(result.stderr)[-3000:]
     return result.stdout
+
+
+def readable(stderr: str) -> str:
+    """``stderr`` less the lines nanobind prints at the exit of every process that imported vLLM's
+    triton ("leaked type ...", hundreds of them), which would push the error out of the tail."""
+    return "\n".join(line for line in stderr.splitlines()
+                     if not ("leaked " in line or line.startswith("nanobind:") or "skipped remainder" in line))
 
 
 def figures(pattern: str, text: str) -> list[float]:

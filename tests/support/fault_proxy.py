@@ -3,7 +3,8 @@
 Request by request, a schedule decides what happens: pass it through, answer HTTP 429 or
 500 itself, never answer (the client's timeout fires, however fast the server is), delay it,
 reset the connection, or pass it through and rewrite the model's answer into given
-(malformed) text. Plain asyncio streams, no framework.
+(malformed) text. Every request is recorded (``events``: path, status, the answer's token usage), so
+with the schedule "pass" throughout it counts what a client sends. Plain asyncio streams, no framework.
 Run alone: ``python -m tests.support.fault_proxy UPSTREAM_PORT PORT 429 pass reset ...``.
 """
 
@@ -50,6 +51,7 @@ class Event:
     status: int | None  # the HTTP status sent to the client; None for a reset or a client that left
     body: dict = field(repr=False, default_factory=dict)
     at: float = 0.0  # time.monotonic() when the request arrived
+    usage: dict = field(default_factory=dict)  # the answer's OpenAI ``usage`` (prompt_tokens, completion_tokens), if any
 
 
 class FaultProxy:
@@ -161,6 +163,7 @@ class FaultProxy:
                 except ConnectionError:
                     return  # the client gave up (timeout) while we waited
                 event.status = status
+                event.usage = _usage(response) if status == 200 else {}
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         except asyncio.CancelledError:
@@ -231,6 +234,15 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+def _usage(response: bytes) -> dict:
+    """The ``usage`` object of a JSON answer (completions, chat completions); {} for any other."""
+    try:
+        usage = json.loads(response).get("usage")
+    except (ValueError, AttributeError):
+        return {}
+    return usage if isinstance(usage, dict) else {}
 
 
 def _rewrite(response: bytes, text: str, only_first: bool = False) -> bytes:

@@ -16,7 +16,7 @@ from cli.table import narrow_table
 def plan(
     config: Annotated[Path, typer.Argument(help="The experiment config (YAML).")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field: dotted.key=value (repeatable).")] = None,
-    models: Annotated[Optional[str], typer.Option("--models", help="A models profile: laptop (the bundled models, a size a laptop finishes in minutes), served (a vLLM server: $KEYNES_SERVED_URL, $KEYNES_SERVED_MODEL) or a profile file; its engines replace the config's LLM engines and backstory engine, before --set (docs/paper.md).")] = None,
+    models: Annotated[Optional[str], typer.Option("--models", help="A models profile: laptop (the bundled models, a size a laptop finishes in minutes), served (a vLLM server: $KEYNES_SERVED_URL, $KEYNES_SERVED_MODEL), hosted (an OpenAI-compatible API: $OPENAI_API_KEY; docs/real-models.md) or a profile file; its engines replace the config's LLM engines and backstory engine, before --set (docs/paper.md).")] = None,
     sample_: Annotated[int, typer.Option("--sample", min=1, help="Agents whose prompts are rendered and counted.")] = 24,
     calibrate: Annotated[int, typer.Option("--calibrate", min=0, help="Agents that play round 1 on the configured engine to time it (0: none; openai engines send real requests).")] = 3,
     calls_per_second: Annotated[Optional[float], typer.Option("--calls-per-second", min=0, help="Your own throughput figure (LLM calls per second for the whole run) instead of the calibration's.")] = None,

@@ -19,7 +19,7 @@ def run(
     config: Annotated[Path, typer.Argument(help="The experiment config (YAML).")],
     db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse (overrides `db` in the config).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field: dotted.key=value (repeatable).")] = None,
-    models: Annotated[Optional[str], typer.Option("--models", help="A models profile: laptop (the bundled models, a size a laptop finishes in minutes), served (a vLLM server: $KEYNES_SERVED_URL, $KEYNES_SERVED_MODEL) or a profile file; its engines replace the config's LLM engines and backstory engine, before --set (docs/paper.md).")] = None,
+    models: Annotated[Optional[str], typer.Option("--models", help="A models profile: laptop (the bundled models, a size a laptop finishes in minutes), served (a vLLM server: $KEYNES_SERVED_URL, $KEYNES_SERVED_MODEL), hosted (an OpenAI-compatible API: $OPENAI_API_KEY; docs/real-models.md) or a profile file; its engines replace the config's LLM engines and backstory engine, before --set (docs/paper.md).")] = None,
 ) -> None:
     """Run (or resume) an experiment and store every guess.
 

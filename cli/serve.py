@@ -16,7 +16,7 @@ def serve(
     configs: Annotated[list[Path], typer.Argument(help="Experiment configs (YAML): one deployment each.")],
     db: Annotated[Optional[Path], typer.Option("--db", help="The DuckDB warehouse of every deployment (default: each config's `db`).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config field in every deployment: dotted.key=value (repeatable).")] = None,
-    models: Annotated[Optional[str], typer.Option("--models", help="A models profile for every deployment (laptop, served or a profile file; docs/paper.md).")] = None,
+    models: Annotated[Optional[str], typer.Option("--models", help="A models profile for every deployment (laptop, served, hosted or a profile file; docs/paper.md).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Flow runs at once across deployments (each starts its own local Ray unless workers.ray_address is set).")] = 1,
     report_port: Annotated[int, typer.Option("--report-port", min=0, help="The port of the report server started beside the deployments (0: none).")] = 5006,
     report_host: Annotated[str, typer.Option("--report-host", help="The address the report server binds: 127.0.0.1 (this machine only, no login) or e.g. 0.0.0.0 to share the pages on the network, behind a login: KEYNES_REPORT_PASSWORD or --report-credentials (or --report-public).")] = "127.0.0.1",

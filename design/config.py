@@ -269,7 +269,7 @@ class ExperimentConfig(Strict):
     schedule: ScheduleConfig | None = Field(None, description="When `keynes serve` runs this experiment by itself.")
     models: str | None = Field(
         None,
-        description="A models profile (`keynes run --models`): a shipped one (laptop, served; experiments/profiles/) or a "
+        description="A models profile (`keynes run --models`): a shipped one (laptop, served, hosted; experiments/profiles/) or a "
         "profile file. Its engines replace the config's LLM engines (and the backstory engine) and its `set:` overrides "
         "apply before the command line's (docs/paper.md). Recorded with the config; the experiment id covers the engines it put there.",
     )

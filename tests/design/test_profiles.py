@@ -39,8 +39,22 @@ def served(monkeypatch):
     return monkeypatch
 
 
+def test_the_hosted_profile_puts_a_paper_config_on_one_hosted_model_n_completions_a_request(monkeypatch):
+    for name in ("KEYNES_HOSTED_URL", "KEYNES_HOSTED_MODEL", "KEYNES_HOSTED_KEY_ENV"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config(PAPER / "mixture.yaml", ["models=hosted"])
+    (engine,) = engines_of(cfg)  # the mixture of three models is the one hosted model
+    assert (engine["server"], engine["model"], engine["api_key_env"], engine["completions_per_request"]) == (
+        "openai", "gpt-4o-mini", "OPENAI_API_KEY", 128)
+    assert cfg.arms.max_answer_tokens == 16
+    monkeypatch.setenv("KEYNES_HOSTED_MODEL", "my-model")
+    monkeypatch.setenv("KEYNES_HOSTED_URL", URL)
+    (engine,) = engines_of(load_config(PAPER / "temperature.yaml", ["models=hosted"]))
+    assert (engine["model"], engine["base_url"]) == ("my-model", URL)
+
+
 def test_the_shipped_profiles_are_not_experiment_configs():
-    assert shipped() == ["laptop", "served"]
+    assert shipped() == ["hosted", "laptop", "served"]
     assert not list(PAPER.glob("laptop*")) and (REPO / "experiments" / "profiles" / "laptop.yaml").is_file()
 
 
@@ -104,7 +118,7 @@ def test_the_experiment_id_follows_the_engines_and_the_stored_config_names_the_p
 
 @pytest.mark.parametrize("ref", ["a" * 5000, "~no-such-user-here/p.yaml", "nul\x00.yaml"])
 def test_a_profile_name_no_file_system_can_hold_is_refused_as_unknown(ref):
-    with pytest.raises(ConfigError, match=r"^models: '.*' is neither a shipped profile \(laptop, served\) nor a profile file$"):
+    with pytest.raises(ConfigError, match=r"^models: '.*' is neither a shipped profile \(hosted, laptop, served\) nor a profile file$"):
         load_config(PAPER / "offset.yaml", [f"models={ref}"])
 
 
@@ -138,7 +152,7 @@ def test_a_bad_profile_file_is_refused_in_one_line_naming_the_field(tmp_path, mo
 def test_an_unknown_profile_and_a_missing_variable_exit_2_in_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("KEYNES_SERVED_URL", raising=False)
     result, lines = invoke("plan", str(PAPER / "temperature.yaml"), "--models", "laptopp", "--calibrate", "0")
-    assert result.exit_code == 2 and lines == ["error: models: 'laptopp' is neither a shipped profile (laptop, served) nor a profile file"]
+    assert result.exit_code == 2 and lines == ["error: models: 'laptopp' is neither a shipped profile (hosted, laptop, served) nor a profile file"]
     db = tmp_path / "never.duckdb"
     result, lines = invoke("run", str(PAPER / "temperature.yaml"), "--models", "served", "--db", str(db))
     assert result.exit_code == 2 and lines == ["error: models: served: $KEYNES_SERVED_URL is not set (engines.0.base_url); export KEYNES_SERVED_URL=..."]

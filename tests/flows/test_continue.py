@@ -6,6 +6,7 @@ import pytest
 
 from design.loading import load_config
 from flows.experiment import experiment
+from tasks.personas import PersonasStored
 from tests.support.sql import q
 
 CONFIG = {
@@ -150,5 +151,5 @@ def test_later_runs_take_the_personas_from_prefects_cache(serial_runs):
             states += [r.state for r in task_runs if r.name.startswith("personas-")]
     assert [s.name for s in states] == ["Completed", "Cached", "Cached"]
     experiment_id = runs[0][1].experiment_id
-    assert states[1].result() == {"experiment_id": experiment_id, "agents": 40, "sampled": True}
+    assert states[1].result() == PersonasStored(experiment_id, agents=40, sampled=True)
     assert q(path, "select count(*), count(distinct agent_id) from personas") == [(40, 40)]

@@ -54,17 +54,15 @@ def _prefect_settings(env: dict[str, str]) -> dict[str, str]:
 def hand_off(argv: list[str]) -> int | None:
     """Run the command ``argv`` (``sys.argv[1:]``) in the warm stack's runner, if one runs and takes
     it; its exit code, or None when the caller should run it itself."""
-    if _FORKED or not argv or argv[0] not in COMMANDS or os.environ.get("KEYNES_WARM_STACK") == "off":
-        return None
-    from cli.runtime import settings
-    from cli.runtime.processes import cache_root
+    from cli.runtime import settings, stack
 
-    settings.apply()  # as every command does first: the runner's environment has them too
-    try:
-        record = json.loads((cache_root() / "stack.json").read_text())
-        path = Path(record["runner"])
-    except (OSError, ValueError, KeyError, TypeError):
+    if _FORKED or not argv or argv[0] not in COMMANDS or os.environ.get(stack.OFF) == "off":
         return None
+    settings.apply()  # as every command does first: the runner's environment has them too
+    record = stack.read()
+    if record is None or not record.runner:
+        return None
+    path = Path(record.runner)
     client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         client.settimeout(CONNECT_TIMEOUT_S)
@@ -93,13 +91,8 @@ def hand_off(argv: list[str]) -> int | None:
             pass
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    try:
-        while True:
-            try:
-                line = replies.readline()
-                break
-            except InterruptedError:
-                continue
+    try:  # a forwarded signal's handler returns, so the read goes on (PEP 475)
+        line = replies.readline()
         done = json.loads(line) if line else {}
     finally:
         for sig, handler in previous.items():
@@ -136,8 +129,19 @@ def _peer(conn: socket.socket) -> int:
     return pid
 
 
-def _refusal(request: dict, sources: dict[str, int], settings: dict[str, str], peer: int) -> str | None:
-    """Why the runner must not run ``request`` (None: it may)."""
+def _stale(sources: dict[str, int]) -> str | None:
+    """Which keynes module the runner imported has changed on disk since (None: none has)."""
+    for file, mtime in sources.items():
+        try:
+            if os.stat(file).st_mtime_ns != mtime:
+                return f"{file} changed since the runner started"
+        except OSError:
+            return f"{file} is gone"
+    return None
+
+
+def _refusal(request: dict, settings: dict[str, str], peer: int) -> str | None:
+    """Why the runner must not run ``request`` for this caller (None: it may)."""
     import psutil
 
     try:
@@ -150,12 +154,6 @@ def _refusal(request: dict, sources: dict[str, int], settings: dict[str, str], p
     theirs = _prefect_settings(request.get("env", {}))
     if theirs != settings:
         return f"other Prefect settings than the runner's ({', '.join(sorted(k for k in theirs.keys() | settings.keys() if theirs.get(k) != settings.get(k)))})"
-    for file, mtime in sources.items():
-        try:
-            if os.stat(file).st_mtime_ns != mtime:
-                return f"{file} changed since the runner started"
-        except OSError:
-            return f"{file} is gone"
     return None
 
 
@@ -274,14 +272,15 @@ def serve(path: Path) -> None:
             print(f"runner: a connection that sent no command ({exc})", flush=True)
             conn.close()
             continue
-        refusal = _refusal(request, sources, settings, _peer(conn))
+        stale = _stale(sources)
+        refusal = stale or _refusal(request, settings, _peer(conn))
         if refusal is not None:
             print(f"runner: refused `keynes {' '.join(request.get('argv', []))}`: {refusal}", flush=True)
             for fd in fds:
                 os.close(fd)
             conn.sendall(b'{"refused": true}\n')
             conn.close()
-            if "changed" in refusal or "gone" in refusal:  # an edited checkout: a runner of older code ends
+            if stale:  # an edited checkout: a runner of older code ends
                 path.unlink(missing_ok=True)
                 return
             continue

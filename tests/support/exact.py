@@ -40,9 +40,9 @@ def prompts() -> list[str]:
     return out
 
 
-def batch(texts: list[str], sampling: Sampling, seeds: np.ndarray | None = None) -> RequestBatch:
+def batch(texts: list[str], sampling: Sampling, seeds: np.ndarray | None = None, constraint: Constraint = CONSTRAINT) -> RequestBatch:
     seeds = np.arange(len(texts)) * 7919 + 11 if seeds is None else seeds
-    return RequestBatch(np.arange(len(texts)), texts, seeds, sampling, CONSTRAINT)
+    return RequestBatch(np.arange(len(texts)), texts, seeds, sampling, constraint)
 
 
 def by_prompt(out, texts: list[str]) -> dict[str, dict[str, float]]:
@@ -55,15 +55,15 @@ def tvd(p: dict[str, float], q_: dict[str, float]) -> float:
     return 0.5 * sum(abs(p.get(a, 0.0) - q_.get(a, 0.0)) for a in set(p) | set(q_))
 
 
-def answer_over_http(spec: dict) -> tuple[dict, tuple[int, int, int]]:
-    """Every chain's batch of the 20 prompts through the openai engine's exact path: (completions by
-    chain, (``/tokenize`` requests, node requests, tree nodes))."""
+def answer_over_http(spec: dict, constraint: Constraint = CONSTRAINT) -> tuple[dict, tuple[int, int, int]]:
+    """Every chain's batch of the 20 prompts, answers within ``constraint``, through the openai engine's
+    exact path: (completions by chain, (``/tokenize`` requests, node requests, tree nodes))."""
     from engines import build_engine, parse_spec
 
     engine = build_engine(parse_spec(spec))
     try:
         texts = prompts()
-        out = {name: engine.generate(batch(texts, s)) for name, s in CHAINS.items()}
+        out = {name: engine.generate(batch(texts, s, constraint=constraint)) for name, s in CHAINS.items()}
         exact = engine._exact
         return out, (exact.tokenized, exact.steps, exact.nodes)
     finally:

@@ -31,6 +31,7 @@ app.command("config")(reference.config_reference)
 models_app = typer.Typer(no_args_is_help=True, help="Bundled models: list them, make them loadable by an engine.")
 models_app.command("list")(models.models_list)
 models_app.command("prepare")(models.models_prepare)
+models_app.command("path")(models.models_path)
 app.add_typer(models_app, name="models")
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print comparable figures (benchmarks/ in the source tree).")

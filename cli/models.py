@@ -55,4 +55,21 @@ def models_prepare(
     out.print(str(folder), highlight=False)
 
 
+def models_path(name: Annotated[str, typer.Argument(help="A bundled model: gemma-3-270m or smollm2-135m-instruct.")]) -> None:
+    """Print a bundled model's GGUF file (assembled into the model cache on first use), e.g. for a
+    llama.cpp server to serve.
+
+    Example: keynes models path gemma-3-270m
+    """
+    from engines.models import MODELS, ModelError, gguf_path
+
+    if name not in MODELS:
+        fail(f"name: unknown model {name!r}; bundled: {', '.join(sorted(MODELS))}")
+    try:
+        path = gguf_path(name)
+    except ModelError as exc:
+        fail(f"name: {exc}")
+    out.print(str(path), highlight=False)
+
+
 bench = typer.Typer(no_args_is_help=True, help="Benchmarks that print comparable figures (benchmarks/ in the source tree).")

@@ -48,9 +48,9 @@ def run(
     stack = warm_stack(cfg.workers.ray_address)  # `keynes up`'s Ray and Prefect API, if they run
     from design.prompting import check_prompting
 
-    try:  # a model that cannot be prompted as configured (chat without a template) starts nothing
-        check_prompting(cfg, cfg.arms_list())
-        check_same_inputs(cfg)  # nor a rerun whose templates or models changed
+    try:  # a rerun whose templates or models changed starts nothing (the flow's order: the change is named first)
+        check_same_inputs(cfg)
+        check_prompting(cfg, cfg.arms_list())  # nor a model that cannot be prompted as configured, nor a server that cannot answer
     except (ConfigError, WarehouseError) as exc:
         fail(str(exc))
     from tasks import progress as progress_hooks

@@ -18,6 +18,7 @@ from typing import Iterator
 from design.arms import Arm
 from design.config import ConfigError, ExperimentConfig
 from engines import EngineSpec
+from engines.identity import REPORTED
 from engines.mixture import MixtureSpec
 from prompts.modes import TEMPLATE_DIR
 from prompts.render import template_files
@@ -86,10 +87,20 @@ def fingerprint(cfg: ExperimentConfig, arms: list[Arm] | None = None) -> dict[st
     return dict(sorted(out.items()))
 
 
+def _served_unresolved(value: str) -> bool:
+    """A served model recorded without what its server reports (an older record, or a server that
+    did not answer; ``OpenAISpec.identity``)."""
+    return value.startswith("served:") and f" {REPORTED}" not in value
+
+
 def _same(recorded: str, current: str) -> bool:
-    """Equal digests, or a hub id recorded before its revision was downloaded."""
+    """Equal digests, a hub id recorded before its revision was downloaded, or a served model
+    recorded (or now seen) without its server's report, the same server and name."""
     if recorded == current:
         return True
+    if recorded.startswith("served:") and current.startswith("served:"):
+        bare = [v.partition(f" {REPORTED}")[0] for v in (recorded, current)]
+        return (_served_unresolved(recorded) or _served_unresolved(current)) and bare[0] == bare[1]
     unresolved = recorded if recorded.endswith(UNRESOLVED) else current if current.endswith(UNRESOLVED) else None
     return unresolved is not None and recorded.startswith("hf:") and recorded.split("@")[0] == current.split("@")[0]
 
@@ -116,5 +127,6 @@ def check_inputs(experiment_id: str, recorded: dict[str, str] | None, current: d
             f"{what} changed since experiment {experiment_id} was first run{more}; to go on, run it as a new experiment "
             f"(--set name=NEW_NAME) or restore {what.removeprefix('the ')}"
         )
-    resolved = {n: v for n, v in current.items() if n in recorded and recorded[n].endswith(UNRESOLVED)}
+    resolved = {n: v for n, v in current.items()
+                if n in recorded and (recorded[n].endswith(UNRESOLVED) or _served_unresolved(recorded[n]) and not _served_unresolved(v))}
     return dict(sorted({**current, **recorded, **resolved}.items()))

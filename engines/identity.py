@@ -1,5 +1,5 @@
 """What a model is, as a digest that changes when its answers may: a file's sha256, a Hugging
-Face folder's files, a hub id's revision.
+Face folder's files, a hub id's revision (a served model's: its server's report, ``REPORTED``).
 
 A file's sha256 is kept in ``<cache>/sha256.json`` by resolved path, size and mtime, so a
 multi-gigabyte GGUF is hashed once, not before every run; a file replaced under the same name
@@ -16,6 +16,9 @@ from pathlib import Path
 
 from engines.models import cache_dir, sha256_file
 
+#: What follows a served model's server and name in its identity: what the server reports of it
+#: (``engines.openai.exact.served_report``).
+REPORTED = "server:"
 #: Files of a Hugging Face folder that decide its answers beside the weights' bytes, hashed whole.
 FOLDER_CONFIGS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 

@@ -85,6 +85,19 @@ def answer_vocab(llm: Any) -> AnswerVocab:
     return _VOCABS[key]
 
 
+def gguf_tokens(model: Path, text: str) -> tuple[AnswerVocab, list[int]]:
+    """A GGUF's answer vocabulary (``answer_vocab``) and the tokens it evaluates for ``text`` as a
+    prompt (``prompt_tokens``), from its vocabulary alone (the weights are not loaded): what a server
+    of that file must agree with."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(model), vocab_only=True, verbose=False)
+    try:
+        return answer_vocab(llm), prompt_tokens(llm, text)
+    finally:
+        llm.close()
+
+
 def output_head(llm: Any) -> OutputHead | None:
     """The model's output layer for the answer tokens' logits alone (``engines.llamacpp.head``),
     read once per model file and process; None where that path does not apply."""

@@ -18,9 +18,9 @@ def auth_headers(spec: Any) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def check_endpoint(client: httpx.Client, spec: Any) -> list[str]:
+def check_endpoint(client: httpx.Client, spec: Any) -> dict[str, Any]:
     """The server's ``/models``: up (``base_url``), taking the key (``api_key_env``) and serving the
-    model (``model``). Returns the models it serves.
+    model (``model``). Returns the model's entry there.
 
     Raises:
         ValueError: one line naming the setting.
@@ -36,7 +36,7 @@ def check_endpoint(client: httpx.Client, spec: Any) -> list[str]:
         raise ValueError(f"api_key_env: the server at {base} {said} {where} (HTTP {models.status_code})")
     if models.status_code != 200:
         raise ValueError(f"base_url: {base}/models answered HTTP {models.status_code}: {models.text[:200]}")
-    served = [str(m.get("id")) for m in models.json().get("data", [])]
-    if spec.model not in served:
-        raise ValueError(f"model: the server at {base} does not serve {spec.model!r}; it serves {', '.join(served) or 'nothing'}")
-    return served
+    entries = {str(m.get("id")): m for m in models.json().get("data", [])}
+    if spec.model not in entries:
+        raise ValueError(f"model: the server at {base} does not serve {spec.model!r}; it serves {', '.join(entries) or 'nothing'}")
+    return entries[spec.model]

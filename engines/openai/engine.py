@@ -56,7 +56,8 @@ class OpenAISpec(EngineSpec):
         "generic",
         description="What kind of server answers; sets the defaults of prompt_format, constraint_fields and shared_context. "
         "generic: /completions with both constraint dialects, per agent; vllm: vLLM's OpenAI server, exact answer distributions "
-        "(start it with --logprobs-mode raw_logits --max-logprobs 128); llamacpp: a GBNF grammar; openai: a hosted API (chat, no grammar fields).",
+        "(start it with --logprobs-mode raw_logits --max-logprobs 128); llamacpp: llama.cpp's llama-server, exact answer distributions "
+        "and a GBNF grammar; openai: a hosted API (chat, no grammar fields).",
     )
     prompt_format: PromptFormat | None = Field(
         None,
@@ -80,12 +81,14 @@ class OpenAISpec(EngineSpec):
         None,
         description="Constrained answers from the exact answer distribution of each distinct prompt (the raw logits of the "
         "answer tree's nodes over HTTP, llama.cpp's sampling chain), drawn per agent with its seed: needs vLLM's server "
-        "(--logprobs-mode raw_logits --max-logprobs 128). Default: true for server vllm, else false (one request per agent).",
+        "(--logprobs-mode raw_logits --max-logprobs 128) or llama.cpp's llama-server. Default: true for server vllm and "
+        "llamacpp, else false (one request per agent).",
     )
     tokenizer: str | None = Field(
         None,
-        description="Shared context only: the served model's tokenizer, loaded here for its answer tokens (a Hugging Face "
-        "folder or hub id, or a bundled model name); checked against the server's /tokenize at start. Default: model.",
+        description="Shared context only: the served model's tokenizer, loaded here for its answer tokens (vllm: a Hugging "
+        "Face folder or hub id; llamacpp: the served .gguf file; either: a bundled model name); checked against the server's "
+        "/tokenize at start. Default: model.",
     )
     concurrency: int = Field(16, gt=0, description="Requests in flight at once per engine (per Ray actor).")
     timeout_s: float = Field(60.0, gt=0, description="Seconds before one HTTP request times out.")
@@ -131,8 +134,16 @@ class OpenAISpec(EngineSpec):
         return ServerPrompting(self.prompt_format)
 
     def identity(self) -> dict[str, str]:
-        """The server and the model name it serves (what the server holds is not visible)."""
-        return {f"model {self.model}": f"served:{self.base_url.rstrip('/')} {self.model}"}
+        """The server, the model name it serves and what the server reports of that model
+        (``engines.openai.exact.served_report``: its ``/models`` entry — vLLM's ``root`` and
+        ``max_model_len``, llama-server's file size, parameters and vocabulary); without the report
+        when the server does not answer (the run's own requests then say why)."""
+        from engines.identity import REPORTED
+        from engines.openai.exact import served_report
+
+        served = f"served:{self.base_url.rstrip('/')} {self.model}"
+        report = served_report(self)
+        return {f"model {self.model}": f"{served} {REPORTED}{report}" if report else served}
 
     def rate_limits(self) -> tuple[float | None, float | None]:
         return self.requests_per_minute, self.tokens_per_minute

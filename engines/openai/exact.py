@@ -1,11 +1,13 @@
-"""Exact answer distributions over HTTP, from vLLM's OpenAI-compatible server.
+"""Exact answer distributions over HTTP: one walk, a request adapter (``Dialect``) per kind of server.
 
 Each distinct prompt is tokenized by the server (``/tokenize``: its own ids, a chat prompt through
 its own template), then its answer tree is walked as on vLLM in process
-(``engines.shared_context.walk_prompts``): a tree level's nodes go to ``/v1/completions`` as token-id
-prompts, many to a request (one request per distinct set of allowed tokens), with
+(``engines.shared_context.walk_prompts``), each tree level's nodes sent as token-id prompts by the
+server's dialect. vLLM's (``VllmDialect``, ``server: vllm``): a level's nodes go to
+``/v1/completions``, many to a request (one request per distinct set of allowed tokens), with
 ``logprob_token_ids`` = the node's children; the server runs with ``--logprobs-mode raw_logits``,
 so those are raw logits and llama.cpp's chain (``engines.shared_context.Chain``) applies in numpy.
+llama.cpp's ``llama-server`` (``server: llamacpp``): ``engines.openai.llama_server``.
 
 The answer vocabulary (tokens made of " 0123456789." and the end-of-generation ids) is not served
 by any endpoint: it comes from the ``tokenizer`` setting, loaded here and checked against the
@@ -19,14 +21,14 @@ import asyncio
 import hashlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import httpx
 import numpy as np
 
 from engines.models import cache_dir
+from engines.openai.dialect import PROBE_TEXT, Context, Dialect, OpenAISpec, Served, ServerError, api_root
 from engines.openai.endpoint import auth_headers, check_endpoint
 from engines.shared_context import ANSWER_CHARS, AnswerTrees, AnswerVocab, Chain, Distribution, NodeRequest, SharedContextAnswers, assemble, chunks, walk_prompts
 from engines.shared_context.language import read_vocab, write_vocab
@@ -39,43 +41,16 @@ if TYPE_CHECKING:
 MAX_IDS = 128
 #: Token-id prompts in one ``/v1/completions`` request (vLLM schedules them together).
 PROMPTS_PER_REQUEST = 64
-#: Text both tokenizers must split alike (digits, spaces, a decimal point, words).
-PROBE_TEXT = "Guess a number: 42, 7.5 or  100?\nMy number is: 3"
 FLAGS = "--logprobs-mode raw_logits --max-logprobs 128"
 
 
-class OpenAISpec(Protocol):
-    """What this module reads of the openai engine's spec (``engines.openai.engine.OpenAISpec``)."""
+def dialect(spec: OpenAISpec) -> Dialect:
+    """The request adapter of the spec's ``server``: llama-server's for ``llamacpp``, else vLLM's."""
+    if spec.server == "llamacpp":
+        from engines.openai.llama_server import LlamaServerDialect
 
-    server: str
-    base_url: str
-    model: str
-    api_key_env: str | None
-    tokenizer: str | None
-    prompt_format: str | None
-    timeout_s: float
-    concurrency: int
-
-    @property
-    def key(self) -> str: ...
-
-
-class ServerError(ValueError):
-    """What the server cannot give, in one line naming the setting and the fix."""
-
-
-@dataclass(frozen=True)
-class Served:
-    """What the start-up check found: the answer vocabulary and the server's context length."""
-
-    vocab: AnswerVocab
-    max_model_len: int
-
-
-def api_root(base_url: str) -> str:
-    """The server's root, where vLLM serves ``/tokenize`` (``base_url`` less its ``/v1``)."""
-    root = base_url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
+        return LlamaServerDialect()
+    return VllmDialect()
 
 
 def chat_prompt(prompt: str, opening: str | None) -> str:
@@ -108,6 +83,26 @@ def steps_of(response: dict[str, Any], count: int) -> list[dict[int, float]]:
     return out
 
 
+#: Keys of a ``/models`` entry that change without the model changing (vLLM's ``created`` is the
+#: time of the request; its ``permission`` ids are new each time).
+VOLATILE = frozenset({"created", "permission", "permissions"})
+
+
+def served_report(spec: OpenAISpec) -> str | None:
+    """A digest of what the server reports of the served model (its ``/models`` entry, less
+    ``VOLATILE``), or None when it does not answer, refuses the key or does not serve the model."""
+    try:
+        models = httpx.get(f"{spec.base_url.rstrip('/')}/models", headers=auth_headers(spec),
+                           timeout=min(spec.timeout_s, 10.0))
+        entries = {m.get("id"): m for m in models.json().get("data", [])} if models.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if spec.model not in entries:
+        return None
+    entry = {k: v for k, v in entries[spec.model].items() if k not in VOLATILE}
+    return "sha256:" + hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()
+
+
 # --------------------------------------------------------------------------- the start-up check
 _CHECKED: dict[str, Served] = {}
 
@@ -130,9 +125,45 @@ def _check(spec: OpenAISpec) -> Served:
     with httpx.Client(headers=auth_headers(spec), timeout=spec.timeout_s) as client:
         base = spec.base_url.rstrip("/")
         try:
-            check_endpoint(client, spec)
+            model = check_endpoint(client, spec)
         except ValueError as exc:
             raise ServerError(str(exc)) from None
+        return dialect(spec).check(client, spec, base, model)
+
+
+class VllmDialect:
+    """vLLM's OpenAI server: raw logits of chosen tokens, many token-id prompts to a request."""
+
+    def tokenize(self, spec: OpenAISpec, prompt: str) -> tuple[str, dict[str, Any]]:
+        return f"{api_root(spec.base_url)}/tokenize", tokenize_body(spec, prompt)
+
+    def walk_chain(self, chain: Chain) -> Chain:
+        return chain
+
+    async def evaluate(self, ctx: Context, prompts: list[list[int]], requests: list[NodeRequest],
+                       chain: Chain) -> list[np.ndarray]:
+        """One tree level: its chunks grouped by allowed tokens, many prompts to a request."""
+        ctx.nodes += len(requests)
+        parts = chunks(prompts, requests, MAX_IDS)
+        by_tokens: dict[tuple[int, ...], list[int]] = {}
+        for j, part in enumerate(parts):
+            by_tokens.setdefault(part.tokens, []).append(j)
+        url = f"{ctx.spec.base_url.rstrip('/')}/completions"
+        limit = asyncio.Semaphore(ctx.spec.concurrency)
+        steps: list[dict[int, float]] = [{} for _ in parts]
+
+        async def one(tokens: tuple[int, ...], members: list[int]) -> None:
+            async with limit:
+                ctx.steps += 1
+                body = step_body(ctx.spec, [list(parts[j].prompt) for j in members], list(tokens))
+                for j, step in zip(members, steps_of(await ctx.post(url, body, len(members)), len(members))):
+                    steps[j] = step
+
+        await asyncio.gather(*(one(tokens, members[k : k + PROMPTS_PER_REQUEST])
+                               for tokens, members in by_tokens.items() for k in range(0, len(members), PROMPTS_PER_REQUEST)))
+        return assemble(requests, parts, steps)
+
+    def check(self, client: httpx.Client, spec: OpenAISpec, base: str, model: dict[str, Any]) -> Served:
         source = _tokenizer_source(spec)
         tokenized = client.post(f"{api_root(base)}/tokenize", json={"model": spec.model, "prompt": PROBE_TEXT, "add_special_tokens": True})
         if tokenized.status_code != 200:
@@ -246,7 +277,7 @@ Post = Callable[[str, dict[str, Any], int], Awaitable[dict[str, Any]]]
 
 
 class HttpSharedContext:
-    """Exact answer distributions from a vLLM server, for the openai engine.
+    """Exact answer distributions from a server (vLLM's or llama-server), for the openai engine.
 
     ``post(url, body, seed)`` sends one request with the engine's retries (raising on failure);
     ``call`` runs a coroutine on the engine's event loop and returns its result.
@@ -255,7 +286,8 @@ class HttpSharedContext:
     def __init__(self, spec: OpenAISpec, post: Post, call: Callable[[Any], Any]):
         self.spec, self.post, self.call = spec, post, call
         served = check_server(spec)
-        self.max_model_len = served.max_model_len
+        self.dialect = dialect(spec)
+        self.max_model_len, self.n_vocab = served.max_model_len, served.n_vocab
         self.trees = AnswerTrees(served.vocab)
         self.answers = SharedContextAnswers()
         self.tokenized = self.steps = self.nodes = 0  # requests to /tokenize and /completions, tree nodes evaluated
@@ -279,7 +311,8 @@ class HttpSharedContext:
             results: list[tuple[Distribution, int] | Exception | None] = [None] * len(prompts)
             try:
                 ids = self.call(self._tokenize([prompts[i] for i in mine]))
-                found = walk_prompts(ids, tree, chain, self.max_model_len, lambda ps, rs: self.call(self._evaluate(ps, rs)))
+                found = walk_prompts(ids, tree, self.dialect.walk_chain(chain), self.max_model_len,
+                                     lambda ps, rs: self.call(self.dialect.evaluate(self, ps, rs, chain)))
             except Exception as exc:  # noqa: BLE001 - the server failed: every agent of these prompts gets the error
                 found = [exc] * len(mine)
             for i, result in zip(mine, found):
@@ -291,34 +324,12 @@ class HttpSharedContext:
         return self.answers.complete(batch, chain, compute)
 
     async def _tokenize(self, prompts: list[str]) -> list[list[int]]:
-        url = f"{api_root(self.spec.base_url)}/tokenize"
         limit = asyncio.Semaphore(self.spec.concurrency)
 
         async def one(prompt: str) -> list[int]:
             async with limit:
                 self.tokenized += 1
-                return list((await self.post(url, tokenize_body(self.spec, prompt), 0))["tokens"])
+                url, body = self.dialect.tokenize(self.spec, prompt)
+                return [int(t) for t in (await self.post(url, body, 0))["tokens"]]
 
         return list(await asyncio.gather(*(one(p) for p in prompts)))
-
-    async def _evaluate(self, prompts: list[list[int]], requests: list[NodeRequest]) -> list[np.ndarray]:
-        """One tree level: its chunks grouped by allowed tokens, many prompts to a request."""
-        self.nodes += len(requests)
-        parts = chunks(prompts, requests, MAX_IDS)
-        by_tokens: dict[tuple[int, ...], list[int]] = {}
-        for j, part in enumerate(parts):
-            by_tokens.setdefault(part.tokens, []).append(j)
-        url = f"{self.spec.base_url.rstrip('/')}/completions"
-        limit = asyncio.Semaphore(self.spec.concurrency)
-        steps: list[dict[int, float]] = [{} for _ in parts]
-
-        async def one(tokens: tuple[int, ...], members: list[int]) -> None:
-            async with limit:
-                self.steps += 1
-                body = step_body(self.spec, [list(parts[j].prompt) for j in members], list(tokens))
-                for j, step in zip(members, steps_of(await self.post(url, body, len(members)), len(members))):
-                    steps[j] = step
-
-        await asyncio.gather(*(one(tokens, members[k : k + PROMPTS_PER_REQUEST])
-                               for tokens, members in by_tokens.items() for k in range(0, len(members), PROMPTS_PER_REQUEST)))
-        return assemble(requests, parts, steps)

@@ -32,7 +32,9 @@ PRESETS: dict[str, Preset] = {
     "vllm": Preset("completion", ("structured_outputs",), True,
                    "vLLM's OpenAI server: exact answer distributions from raw logits (logprob_token_ids), "
                    "structured outputs for the rest"),
-    "llamacpp": Preset("completion", ("grammar",), False, "llama.cpp's server (or llama-cpp-python's): a GBNF grammar"),
+    "llamacpp": Preset("completion", ("grammar",), True,
+                       "llama.cpp's llama-server: exact answer distributions from its post-sampling probabilities (n_probs), a GBNF "
+                       "grammar for the rest; llama-cpp-python's server takes shared_context: false"),
     "openai": Preset("chat", (), False,
                      "a hosted API: chat completions, no grammar fields (response_format, a JSON schema, when asked for), "
                      "agents that share a prompt answered by up to 128 completions of one request (OpenAI's limit of n)", 128),

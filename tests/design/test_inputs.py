@@ -176,3 +176,14 @@ def test_a_warehouse_from_before_opens_keeps_its_ids_and_gets_its_inputs(tmp_pat
     record_inputs(warehouse, cfg.experiment_id, inputs)
     assert q(db, "select experiment_id, config_hash from experiments") == [(cfg.experiment_id, cfg.config_hash)]
     assert recorded_inputs(warehouse, cfg.experiment_id) == fingerprint(cfg)
+
+
+def test_a_served_model_recorded_without_its_servers_report_gets_it_and_a_changed_report_is_refused():
+    bare = "served:http://h:8080/v1 m"
+    gemma, smollm = f"{bare} server:sha256:aa", f"{bare} server:sha256:bb"
+    assert check_inputs("e-1", {"model m": bare}, {"model m": gemma}) == {"model m": gemma}  # recorded before reports were
+    assert check_inputs("e-1", {"model m": gemma}, {"model m": bare}) == {"model m": gemma}  # the server did not answer
+    with pytest.raises(InputsChanged, match="^model m changed since experiment e-1 was first run"):
+        check_inputs("e-1", {"model m": gemma}, {"model m": smollm})
+    with pytest.raises(InputsChanged, match="^model m changed"):
+        check_inputs("e-1", {"model m": bare}, {"model m": "served:http://other:8080/v1 m server:sha256:aa"})

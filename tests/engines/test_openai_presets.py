@@ -3,9 +3,11 @@ settable by hand, and a config without ``server:`` meaning what it meant before 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engines import Constraint, parse_spec
+from engines.shared_context import Chain
 from engines.openai.engine import _constraint_fields, _json_answer, _shares, _texts
 from engines.openai.exact import api_root, steps_of
 
@@ -19,7 +21,7 @@ def spec(**settings):
 @pytest.mark.parametrize("server, prompt_format, fields, shared, per_request", [
     ("generic", "completion", ("grammar", "structured_outputs"), False, 1),
     ("vllm", "completion", ("structured_outputs",), True, 1),
-    ("llamacpp", "completion", ("grammar",), False, 1),
+    ("llamacpp", "completion", ("grammar",), True, 1),
     ("openai", "chat", (), False, 128),
 ])
 def test_each_preset_sets_its_defaults(server, prompt_format, fields, shared, per_request):
@@ -71,3 +73,31 @@ def test_choices_are_read_in_the_order_of_their_index():
     assert _texts(response, "chat") == ["a", "b", "c"]
     assert _texts({"choices": [{"index": 1, "text": "y"}, {"index": 0, "text": "x"}]}, "completion") == ["x", "y"]
     assert _texts({}, "completion") == [""]
+
+
+def test_a_node_is_settled_only_when_the_tokens_not_given_cannot_matter():
+    from engines.openai.llama_server import settle
+
+    tokens = np.array([3, 5, 7])
+    # 7 is not among the 2 tokens given: at most -3.2, more than log(20) below the best, cut by min-p 0.05.
+    step = {3: -0.1, 5: -2.5, 99: -3.2}
+    assert np.array_equal(settle(tokens, step, 3, Chain()), [-0.1, -2.5, -np.inf])
+    # Without min-p and top-k, 7 could hold mass: not settled (asked again with more).
+    assert settle(tokens, step, 3, Chain(min_p=0.0, top_k=0)) is None
+    # Fewer tokens than asked: every other token's probability is 0.
+    assert np.array_equal(settle(tokens, {3: -0.1, 5: -2.5}, 3, Chain(min_p=0.0, top_k=0)), [-0.1, -2.5, -np.inf])
+    # Greedy: settled when a given token is above the bound.
+    assert settle(tokens, step, 3, Chain(temperature=0.0, min_p=0.0, top_k=0)) is not None
+    assert settle(tokens, {99: -0.1, 98: -0.2}, 2, Chain()) is None  # no answer token given at all
+
+
+def test_the_exact_path_reads_llama_servers_answers():
+    from engines.openai.llama_server import step_body, top_probs
+
+    body = step_body([2, 10], (7, 8), Chain(), 64)
+    assert body["prompt"] == [2, 10, 7, 8] and body["samplers"] == ["penalties"] and body["post_sampling_probs"] is True
+    assert (body["repeat_penalty"], body["repeat_last_n"], body["n_probs"], body["n_predict"]) == (1.1, 2, 64, 1)
+    assert step_body([2], (), Chain(), 8)["repeat_last_n"] == 0  # the root: nothing generated to penalize
+    assert step_body([2], (7,), Chain(repeat_penalty=1.0), 8)["repeat_penalty"] == 1.0
+    response = {"completion_probabilities": [{"id": 7, "prob": 0.5, "top_probs": [{"id": 7, "prob": 0.5}, {"id": 3, "prob": 0.25}, {"id": 4, "prob": 0.0}]}]}
+    assert top_probs(response) == {7: np.log(0.5), 3: np.log(0.25)}

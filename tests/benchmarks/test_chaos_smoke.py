@@ -1,7 +1,7 @@
 """The chaos benchmark at a small size, as users run it (no timing assertions): 1,000 simulated
 agents × 2 rounds × 2 arms, shards of 100, interrupted twice: SIGKILL of a Ray actor (the run goes
 on: Ray restarts it) and SIGKILL of `keynes run` itself (the same command is rerun), in the order
-seed 0 draws. Each kind of kill has its own test where it is fixed: tests/flows/test_temporary_api.py
+seed 0 draws. Each kind of kill has its own test: tests/flows/test_temporary_api.py
 (Prefect's temporary API killed, Ctrl-C), tests/flows/test_sigterm.py, tests/reliability/ (SIGKILL
 of the run, of an actor, of a node). Every run uses the session's Prefect API and starts its own
 local Ray (a killed actor must be the run's own)."""

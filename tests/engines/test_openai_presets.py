@@ -1,5 +1,5 @@
 """The openai engine's ``server:`` presets: the defaults each kind of server gets, every one still
-settable by hand, and a config without ``server:`` meaning what it meant before presets."""
+settable by hand, and a config without ``server:`` read as ``server: generic``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_each_preset_sets_its_defaults(server, prompt_format, fields, shared, pe
     assert s.completions_per_request == s.batched_choices == per_request
 
 
-def test_no_preset_is_the_engine_as_it_was_and_every_field_can_be_set_by_hand():
+def test_no_preset_is_the_generic_server_and_every_field_can_be_set_by_hand():
     assert spec() == spec(server="generic")
     assert (spec().prompt_format, spec().constraint_fields, spec().uses_shared_context) == ("completion", ("grammar", "structured_outputs"), False)
     assert spec(server="openai", completions_per_request=1).batched_choices == 1

@@ -80,7 +80,7 @@ def test_cli_prepare_prints_the_folder_and_rejects_unknown_models(model_dir):
     assert len(lines) == 1 and "unknown model 'gemma-9'" in lines[0]
 
 
-def test_a_folder_prepared_before_the_bos_fix_is_fixed_in_place(model_dir, tmp_path):
+def test_a_folder_whose_tokenizer_adds_no_bos_is_fixed_in_place(model_dir, tmp_path):
     """Gemma's tokenizer adds its BOS as llama.cpp does (the GGUF's ``add_bos_token``, read from
     its header); a folder without that (prepared by an older keynes) is fixed by the next prepare."""
     import shutil
@@ -221,7 +221,7 @@ def test_tokens_latency_and_reasoning_are_recorded(round_db):
 
 def test_a_batch_larger_than_one_step_keeps_per_request_seeds(engine):
     # 120 prompts × ~60 tokens exceed one scheduler step (4096 tokens): on CPU a split prompt
-    # with a seeded generator used to fail the whole call ("CPU Generator does not use offset").
+    # with a seeded generator must not fail the whole call ("CPU Generator does not use offset").
     out = engine.generate(_batch([PROMPT] * 120, range(1000, 1120), Constraint(0, 100)))
     assert out.error == [None] * 120
     assert all(t.isdigit() and 0 <= int(t) <= 100 for t in out.text)
@@ -239,9 +239,8 @@ CONSTRAINT = Constraint(0, 100, True)
 #: Total variation distance allowed between the engines' distributions of one prompt: the same
 #: engine moves ~0.19 between temperature 0.7 and 1.0, so engines that agree must stay below it.
 #: Measured 2026-12-01: 0.034–0.063 (Q4_K_M on llama.cpp vs the dequantized bf16 weights on vLLM;
-#: expected answers 32.4–33.8 on both). Before the prepared tokenizer added Gemma's BOS token as
-#: llama.cpp does, vLLM read every prompt one token short and the distance was 0.33–0.37. With vLLM
-#: computing in float32 (dtype auto on a CPU without bfloat16 instructions, same bf16 weights):
+#: expected answers 32.4–33.8 on both; the prepared tokenizer adds Gemma's BOS token as llama.cpp
+#: does: a prompt read one token short moves the distance to 0.33–0.37). With vLLM computing in float32 (dtype auto on a CPU without bfloat16 instructions, same bf16 weights):
 #: 0.027–0.057, measured 2026-12-07 on an Intel Xeon without AVX512-BF16.
 MAX_TVD = 0.19
 #: Measured 2026-12-02 (llama.cpp, T 0.7 vs 1.0): 0.191–0.198 per prompt, so a temperature change

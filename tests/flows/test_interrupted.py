@@ -61,8 +61,8 @@ def test_a_sigterm_that_a_duckdb_query_turns_into_its_own_error_still_ends_the_r
     """DuckDB handles a signal that arrives during a query by raising its own error, "Query
     interrupted", the handler's TerminationSignal gone from the chain (seen with a long query:
     when DuckDB notices the signal depends on the query's plan, so the test raises that error
-    itself, as DuckDB does, once the signal's handler has run). Before, the run ended as a crash
-    with a traceback (exit 1) and the experiment stayed `running`."""
+    itself, as DuckDB does, once the signal's handler has run). Taken for a crash, it would end the
+    run with a traceback (exit 1) and leave the experiment `running`."""
     cfg = load_config(TWO_ARMS, [f"db={db}"])
     store.begin_experiment(store.open_warehouse(db), cfg.experiment_id, cfg.name, cfg.model_dump(mode="json"), cfg.config_hash, cfg.seed, 4)
 
@@ -91,9 +91,9 @@ def test_a_sigterm_that_a_duckdb_query_turns_into_its_own_error_still_ends_the_r
 @pytest.mark.quick
 def test_no_task_retries_an_error_once_the_run_is_interrupted(db):
     """A Ctrl-C reaches the run's actors too (one process group): their error in play is a Ray
-    error, which tasks retry as transient — before, the retry played the round again and the
-    run completed with exit 0, the Ctrl-C lost. Inside the flow, a noted signal stops retries;
-    the next run retries again."""
+    error, which tasks retry as transient; a retry would play the round again and the run would
+    complete with exit 0, the Ctrl-C lost. Inside the flow, a noted signal stops retries; the next
+    run retries again."""
     from prefect.states import Failed
 
     from tasks.retries import INTERRUPTED, retry_transient

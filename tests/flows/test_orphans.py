@@ -74,7 +74,7 @@ def test_the_next_start_ends_what_a_killed_command_left_and_says_so(tmp_path):
         record = {"pid": dead.pid, "created": 1.0, "command": "keynes run",
                   "children": [[child.pid, child.create_time(), child.name()]]}
         (tmp_path / f"{dead.pid}.json").write_text(json.dumps(record))
-        me = psutil.Process()  # a record of a live command is not touched (this one as written before records held `started`)
+        me = psutil.Process()  # a record of a live command is not touched (this one without `started`)
         (tmp_path / "live.json").write_text(json.dumps({"pid": me.pid, "created": me.create_time(), "command": "keynes serve",
                                                         "children": [[child.pid, child.create_time(), child.name()]]}))
         lines = clean_leftovers(tmp_path)
@@ -109,8 +109,8 @@ def test_a_clock_step_does_not_make_a_live_command_look_dead(tmp_path, monkeypat
 
 def test_a_child_that_ends_while_the_watchdog_looks_is_skipped_not_taken_for_the_parents_end():
     # The watchdog lists the parent's children, then reads each one. A short-lived child can end
-    # in between; that used to end the watch, and the watchdog then ended every process it had
-    # seen (a Prefect server, a Ray raylet, ...) while their command still ran.
+    # in between; that must not end the watch, or the watchdog would end every process it had
+    # seen (a Prefect server, a Ray raylet, ...) while their command still runs.
     staying, leaving = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
     try:
         listed = [psutil.Process(staying.pid), psutil.Process(leaving.pid)]
@@ -162,9 +162,9 @@ def test_a_process_orphaned_between_two_looks_is_ended_by_the_mark_it_inherited(
 
 
 def test_the_next_start_waits_for_a_killed_commands_watchdog_and_ends_what_carries_its_mark(tmp_path):
-    """The chaos benchmark's orphan: a command's watchdog was still ending its processes (one that
-    ignores SIGTERM gets ``GRACE_S``) when the next command, started at once, printed its first
-    line. The next start now waits for that watchdog, then ends what carries the killed command's
+    """The chaos benchmark's orphan: a command's watchdog may still be ending its processes (one
+    that ignores SIGTERM gets ``GRACE_S``) when the next command, started at once, prints its first
+    line. The next start waits for that watchdog, then ends what carries the killed command's
     mark: when ``clean_leftovers`` returns, nothing of the killed command runs."""
     env = dict(os.environ, KEYNES_CACHE=str(tmp_path / "cache"))
     env.pop(TAG, None)
@@ -181,7 +181,7 @@ def test_the_next_start_waits_for_a_killed_commands_watchdog_and_ends_what_carri
         assert len(watchdogs) == 1
         os.kill(command.pid, signal.SIGKILL)
         command.wait(10)
-        clean_leftovers(tmp_path / "cache" / "runs")  # before: returned while the watchdog gave the sleep its GRACE_S
+        clean_leftovers(tmp_path / "cache" / "runs")  # returns only once the watchdog's GRACE_S for the sleep is over
         assert tagged(tag, set()) == [], "a process of the killed command still runs"
     finally:
         if orphan is not None and _still_running([orphan]):

@@ -48,8 +48,8 @@ def test_the_plan_of_the_quickstart_matches_a_real_run(tmp_path, quickstart):
         assert plan["prompt_tokens"] == pytest.approx(prompt_tokens, rel=0.2), (mode, plan, prompt_tokens)
         assert plan["completion_tokens"] == pytest.approx(completion_tokens, rel=0.2), (mode, plan, completion_tokens)
     # Chain of thought decodes a shard's agents together: its time is the shards' (over the run's 2
-    # actors), not each agent's latency times the agents. Planned / played: 1.4 on a quiet machine,
-    # ~3.8 before the plan used the calibration shard's wall time; the band leaves room for a busy one.
+    # actors), not each agent's latency times the agents (the plan times the calibration shard's
+    # wall). Planned / played: 1.4 on a quiet machine; the band leaves room for a busy one.
     (played,) = q(db, "select sum(s.seconds) / 2 from shards s join runs r using (run_id) where r.prompt_mode = 'cot'")[0]
     assert 0.3 <= rows["cot"]["seconds"] / played <= 3.0, (rows["cot"], played)
 

@@ -1,5 +1,5 @@
 """A run killed after its last round was stored but before that round's analyses: the rerun,
-which has no round left to play, stores them (before, the warehouse stayed without them)."""
+which has no round left to play, stores them (else the warehouse would stay without them)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def test_a_complete_continue_experiment_says_so_in_the_terminal(tmp_path, sessio
     }))
     first = keynes_run_with(config, env)
     assert first.returncode == 0 and "done: 1 round(s) played, 10 guesses written" in first.stderr, first.stderr
-    # the name as it was written: no markup (a "[v2]" vanished from the header before), no emoji
+    # the name as written: no markup (a "[v2]" stays in the header), no emoji
     assert first.stderr.startswith("once [v2] :x: (once [v2] :x:-"), first.stderr
     # the command to query them, on one line (the terminal folds it) and ready to paste
     db = shlex.quote(str(tmp_path / "once runs.duckdb"))
@@ -64,8 +64,8 @@ def test_a_temporary_prefect_api_that_starts_too_slowly_is_one_clear_line_and_ru
         "workers": {"actors": 1, "shard_size": 10}, "report": {"enabled": False}, "db": str(db),
     }))
     # An API that cannot start in time, whatever the machine: its database is a Postgres address that
-    # accepts connections and never answers, which holds the API's start up for minutes. (Relying on
-    # the API's own few-second start raced the run's: at times it was up when the run began to wait.)
+    # accepts connections and never answers, which holds the API's start up for minutes. (The API's
+    # own few-second start would race the run's: at times it is up when the run begins to wait.)
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)

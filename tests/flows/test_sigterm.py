@@ -1,8 +1,8 @@
 """`keynes run` stopped with SIGTERM mid-round ends as an interrupted run, as on Ctrl-C.
 
-``ray.init`` makes SIGTERM a bare ``sys.exit`` in the driver, replacing the flow's handler:
-before ``ensure_ray`` kept the flow's handler, a SIGTERM left the experiment marked
-``running`` and the process ended with SIGABRT (Ray's teardown after the SystemExit).
+``ray.init`` makes SIGTERM a bare ``sys.exit`` in the driver, replacing the flow's handler;
+``ensure_ray`` keeps the flow's handler. With Ray's, a SIGTERM would leave the experiment marked
+``running`` and end the process with SIGABRT (Ray's teardown after the SystemExit).
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ ray.shutdown()
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_a_signal_while_ray_starts_reaches_the_callers_handler_once_ray_is_up(signum):
-    """Before: Ray's own SIGTERM handler (``sys.exit``) ran in the middle of ``ray.init`` — the
-    driver exited with 15 from inside it, or, when the exit landed in an at-fork callback of a
-    process Ray started, it was dropped and the run went on (the chaos benchmark's Gemma run:
-    120 s without exiting); a Ctrl-C was raised inside ``ray.init`` (or dropped the same way)."""
+    """Ray's own SIGTERM handler (``sys.exit``), run in the middle of ``ray.init``, would exit the
+    driver with 15 from inside it or, when the exit lands in an at-fork callback of a process Ray
+    starts, be dropped while the run goes on (seen in the chaos benchmark's Gemma run: 120 s without
+    exiting); a Ctrl-C would be raised inside ``ray.init`` (or dropped the same way)."""
     done = subprocess.run([sys.executable, "-c", DURING_INIT, str(int(signum))], cwd=REPO, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and f"stopped by {int(signum)} with ray up: True" in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])

@@ -1,10 +1,10 @@
 """Prefect's temporary API gone mid-run: `keynes run` starts it again (cli/runtime/temporary_api.py).
 
-Before, every API call after the server ended retried a refused connection for about a minute
-(Prefect's client: 5 retries, 2 to 32 s apart) before it gave up: killed with SIGKILL, a run of
-a few seconds' play crawled for many minutes, then crashed; on Ctrl-C (which reaches the server
-too: it is in the run's process group) the run took over a minute to record its end, then
-exited 1 with a traceback instead of 130.
+Against a server that has ended, Prefect's client retries every API call's refused connection for
+about a minute (5 retries, 2 to 32 s apart) before it gives up: without a new server, a run killed
+with SIGKILL of a few seconds' play would crawl for many minutes, then crash; on Ctrl-C (which
+reaches the server too: it is in the run's process group) the run would take over a minute to
+record its end, then exit 1 with a traceback instead of 130.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def run_and_strike(tmp_path: Path, prefect_home: Path, strike) -> tuple[subproce
     """``keynes run`` with its own temporary API; once its actors play, ``strike(run, server)``.
 
     Returns the finished process, its output, the server's port and the seconds it ran on after
-    the strike (the run is given 150 s: before the fix it took minutes).
+    the strike (the run is given 150 s; a minute of refused connections per call would take minutes).
     """
     config, db = tmp_path / "api.yaml", tmp_path / "api.duckdb"
     config.write_text(yaml.safe_dump(CONFIG))
@@ -97,7 +97,7 @@ def test_ctrl_c_ends_a_run_with_its_own_temporary_api_within_seconds(tmp_path, p
     run, out, port, after_s = run_and_strike(tmp_path, prefect_home, lambda run, _: os.killpg(run.pid, signal.SIGINT))
     assert run.returncode == 130, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
-    assert after_s < 60, f"{after_s:.0f} s to end after Ctrl-C"  # before: over a minute of refused connections
+    assert after_s < 60, f"{after_s:.0f} s to end after Ctrl-C"  # not a minute of refused connections
     assert stored(tmp_path / "api.duckdb", "select status from experiments") == [("interrupted",)]
     print(f"ended {after_s:.1f} s after Ctrl-C")
 
@@ -105,11 +105,11 @@ def test_ctrl_c_ends_a_run_with_its_own_temporary_api_within_seconds(tmp_path, p
 @pytest.mark.slow
 def test_a_temporary_api_killed_as_it_first_answers_and_again_mid_run_is_started_again_and_the_run_completes(tmp_path, prefect_home):
     """Two kills of the run's temporary API: (1) as soon as it first answers, while Ray and the
-    actors still start: the flow then began while keynes started the API again, and Prefect's
-    one-shot version check at a flow's start ("Failed to reach API") ended the run with exit 1
-    (the Gemma chaos run's one failure); the flow now waits for the API that is starting again;
+    actors still start: the flow may begin while keynes starts the API again, and Prefect's
+    one-shot version check at a flow's start ("Failed to reach API") would end the run with exit 1
+    (the Gemma chaos run's one failure); the flow waits for the API that is starting again;
     (2) once an actor has played its first shard: keynes starts it again on the same port and
-    database, and the run completes (before: a minute of refused connections per call)."""
+    database, and the run completes (not a minute of refused connections per call)."""
     config, db = tmp_path / "api.yaml", tmp_path / "api.duckdb"
     config.write_text(yaml.safe_dump(CONFIG))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RAY_ADDRESS"}

@@ -22,7 +22,7 @@ from tests.warehouse.conftest import EXPERIMENT, ROUNDS, fill
 IMG = '<img src="x" onerror="window.injected = (window.injected || 0) + 1">'
 MODEL = f"fixture/{IMG}"
 MODE = "<b>mode</b>"
-NAME = "views <i>of an older warehouse</i>"  # names are refused such characters now; older warehouses may hold them
+NAME = "views <i>of an older warehouse</i>"  # a config's name may not hold such characters; a warehouse an older keynes wrote may
 CONFIG = {"name": "views", "note": f"```\n{IMG}\n```", "arms": {"engines": [{"kind": "openai", "model": MODEL}]}}
 
 

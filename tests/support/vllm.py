@@ -4,8 +4,8 @@ vLLM's engine start is the costliest thing the vLLM tests do (tens of seconds on
 minutes on an AVX2-only CPU), so every module that runs vLLM in the test process takes its engine
 from here (fixture ``vllm_engine`` in tests/conftest.py): Gemma's for tests/engines/test_vllm.py
 and tests/benchmarks/test_vllm_throughput_smoke.py, SmolLM2's for tests/engines/test_vllm_chat.py.
-Only one is alive at a time: an in-process engine kept alive while another was built and closed
-answered empty texts afterwards (seen in a full run, seed 1234), so asking for another model
+Only one is alive at a time: an in-process engine kept alive while another is built and closed
+answers empty texts afterwards (seen in a full run, seed 1234), so asking for another model
 closes the current one first; tests/conftest.py runs SmolLM2's module after Gemma's so that each
 model loads once. The round through Ray (experiments/vllm_cpu.yaml) loads its own engine in its
 actor's process: nothing loaded here can cross into it.

@@ -107,8 +107,10 @@ AGENTS = 10
 
 @pytest.fixture(scope="module")
 def runs(server, tmp_path_factory, prefect_api, local_ray):
-    """experiments/served_llamacpp.yaml through the real flow against the module's server, in both layouts."""
-    return play_layouts(SERVED, [f"arms.engines.0.base_url={server.base_url}"], tmp_path_factory.mktemp("served"), AGENTS)
+    """experiments/served_llamacpp.yaml through the real flow against the module's server, in both
+    layouts, guesses from 0 to 10 (``SMALL``'s trees)."""
+    return play_layouts(SERVED, [f"arms.engines.0.base_url={server.base_url}", f"game.high={SMALL.high}"],
+                        tmp_path_factory.mktemp("served"), AGENTS)
 
 
 def test_the_served_config_gives_identical_guesses_with_1_or_2_actors_and_shards_of_500_or_4(runs):

@@ -1,7 +1,9 @@
 """Exact answer distributions over HTTP from llama.cpp's own server (``llama-server``), for ``server: llamacpp``.
 
-A node of a prompt's answer tree is one ``/completion`` request: its prompt and path as token ids
-(``cache_prompt``: the server evaluates only what its slot does not hold), one token predicted, and
+A node of a prompt's answer tree is one ``/completion`` request: its prompt and path as token ids,
+evaluated whole (``cache_prompt`` off: llama-server's logits for a prompt depend on how the tokens its
+slot held split the prompt into batches, so a reused cache would make a node's probabilities, and
+the guesses drawn from them, depend on the order of the requests), one token predicted, and
 ``n_probs`` of the probabilities after the server's sampling chain (``post_sampling_probs``) with the
 chain cut to llama.cpp's repeat penalty alone (``samplers: ["penalties"]``, over the path's tokens:
 ``repeat_last_n`` = the path's length). Those are the softmax over the whole vocabulary of the
@@ -52,7 +54,7 @@ def step_body(prompt: list[int], path: tuple[int, ...], chain: Chain, n_probs: i
     last = min(len(path), PENALTY_LAST_N) if chain.repeat_penalty != 1.0 else 0
     return {"prompt": list(prompt) + list(path), "n_predict": 1, "n_probs": n_probs, "post_sampling_probs": True,
             "samplers": ["penalties"], "repeat_penalty": chain.repeat_penalty if last else 1.0, "repeat_last_n": last,
-            "frequency_penalty": 0.0, "presence_penalty": 0.0, "cache_prompt": True, "seed": 0}
+            "frequency_penalty": 0.0, "presence_penalty": 0.0, "cache_prompt": False, "seed": 0}
 
 
 def top_probs(response: dict[str, Any]) -> dict[int, float]:

@@ -27,8 +27,7 @@ def built() -> bool:
 
 class LlamaCppServer:
     """``llama-server`` serving ``model`` as ``alias``: one slot, the context the in-process engine
-    gets (2,048 tokens) with a full-size sliding-window cache (so a cached prompt is reused whole),
-    two threads."""
+    gets (2,048 tokens), two threads."""
 
     def __init__(self, model: Path, alias: str, log: Path, port: int | None = None):
         self.model, self.alias, self.log = model, alias, log
@@ -41,7 +40,7 @@ class LlamaCppServer:
 
     def command(self) -> list[str]:
         return [str(BINARY), "--model", str(self.model), "--alias", self.alias, "--host", "127.0.0.1", "--port", str(self.port),
-                "--ctx-size", "2048", "--swa-full", "--parallel", "1", "--threads", "2", "--no-webui"]
+                "--ctx-size", "2048", "--parallel", "1", "--threads", "2", "--no-webui"]
 
     def start(self, timeout_s: float = 120) -> None:
         """Launch and wait until ``/health`` answers."""

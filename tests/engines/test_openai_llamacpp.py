@@ -3,24 +3,24 @@ the in-process llama.cpp engine, guesses independent of actors and shards throug
 experiments/served_llamacpp.yaml, each start-up failure said in one line, and a served model's
 identity covering what the server reports (another GGUF behind the same name is refused on a rerun).
 
-The server is the module's one (``server``: ``llama-server`` built by .ci/llama-server, the bundled
-Gemma 3 270M served as ``gemma-3-270m``); the in-process reference is the llama.cpp engine on the
-same file.
+The server is the module's one (``server``: ``llama-server`` built by .ci/llama-server and started as
+benchmarks/servers.py starts it, the bundled Gemma 3 270M served as ``gemma-3-270m``); the in-process
+reference is the llama.cpp engine on the same file.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from benchmarks.servers import LLAMA_SERVER_HOW, LlamaCppServer, llama_server_built
 from engines import Constraint, build_engine, parse_spec
 from tests.conftest import REPO
 from tests.support.exact import BASIC, CHAINS, ONE, TWO, answer_over_http, batch, compare, play_layouts, prompts
-from tests.support.llama_server import HOW, LlamaCppServer, built
 from tests.support.requirements import needs
 from tests.support.sql import q
 from tests.support.waiting import free_port
 
-pytestmark = [pytest.mark.llm, pytest.mark.slow, needs("llama-server", built(), HOW)]
+pytestmark = [pytest.mark.llm, pytest.mark.slow, needs("llama-server", llama_server_built(), LLAMA_SERVER_HOW)]
 
 SERVED = REPO / "experiments" / "served_llamacpp.yaml"
 #: Total variation allowed between a prompt's distribution over HTTP and in process. The chain is

@@ -4,14 +4,9 @@
 every process it starts inherits (Ray's agents that outlive their parent too). A test that builds
 the mark itself builds it here, the way ``guard`` does, and waits until a process carries it: a
 mark built any other way matches nothing, and "nothing of the command is left" could not fail.
-``stop_group`` ends a server a test started in a session of its own.
 """
 
 from __future__ import annotations
-
-import os
-import signal
-import subprocess
 
 import psutil
 
@@ -34,15 +29,3 @@ def wait_marked(mark: str, timeout_s: float = 120) -> list[psutil.Process]:
     command's own, so that finding none of its processes later means none is left."""
     return wait_for(lambda: marked(mark), timeout_s, f"a process carrying the mark {mark} (KEYNES_RUN_TAG)")
 
-
-def stop_group(process: subprocess.Popen | None, timeout_s: float = 60) -> None:
-    """SIGTERM to a process's group (a server started with ``start_new_session``, its children
-    too), SIGKILL if it lingers past ``timeout_s``; nothing if it has ended."""
-    if process is None or process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)

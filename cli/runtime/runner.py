@@ -1,14 +1,14 @@
 """The warm stack's runner: ``keynes run`` without importing Prefect, the flow and Ray each time.
 
-Importing Prefect, the experiment flow and Ray takes a command 2–3 s on a small machine, before it
-does anything. ``keynes up`` starts this runner beside Ray's head and Prefect's server: it imports
-them once (``PRELOAD``) and listens on a Unix socket in the stack's folder. A ``keynes run`` that
-finds it (``hand_off``, called first thing by the CLI) sends its arguments, working directory,
-environment and its standard input, output and error (the file descriptors themselves, so the
-progress bars draw on the caller's terminal); the runner forks, and the child runs the command as
-the caller would have, with all of that. The caller waits for the child's exit code and forwards
-the signals it gets (Ctrl-C, SIGTERM, SIGHUP) to it; if the caller dies, the child is told by its
-socket closing and stops as it would on SIGTERM.
+A command imports Prefect, the experiment flow and Ray before it does anything (docs/benchmarks.md,
+"Warm start": a handed-over command calls the flow 0.30 s after it starts). ``keynes up`` starts
+this runner beside Ray's head and Prefect's server: it imports them once (``PRELOAD``) and listens
+on a Unix socket in the stack's folder. A ``keynes run`` that finds it (``hand_off``, called first
+thing by the CLI) sends its arguments, working directory, environment and its standard input, output
+and error (the file descriptors themselves, so the progress bars draw on the caller's terminal); the
+runner forks, and the child runs the command as the caller would have, with all of that. The caller
+waits for the child's exit code and forwards the signals it gets (Ctrl-C, SIGTERM, SIGHUP) to it; if
+the caller dies, the child is told by its socket closing and stops as it would on SIGTERM.
 
 The runner refuses a command (which then runs in its own process, as without a runner) when the
 caller's interpreter or keynes checkout is not the runner's, when a keynes module the runner

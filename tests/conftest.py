@@ -173,7 +173,7 @@ WEIGHTS = {
     "tests/benchmarks/test_shard_size_smoke.py": 180, "tests/flows/test_warm_stack.py": 100, "tests/benchmarks/test_warm_start_smoke.py": 87,
     "tests/benchmarks/test_cli_start_smoke.py": 75, "tests/cli/test_starts.py": 75, "tests/flows/test_shard_resume.py": 60,
     "tests/keynes/test_notebook.py": 50,
-    "tests/engines/test_openai_llamacpp.py": 200,
+    "tests/engines/test_openai_llamacpp.py": 400,
 }
 
 

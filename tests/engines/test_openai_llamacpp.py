@@ -102,7 +102,8 @@ def test_start_up_failures_each_say_one_line_naming_the_setting(server, gguf, tm
 
 
 # ------------------------------------------------------------------- the shipped config
-AGENTS = 10
+#: Two shards of 4 in the two-actor layout: one for each actor.
+AGENTS = 6
 
 
 @pytest.fixture(scope="module")

@@ -55,9 +55,8 @@ class OpenAISpec(EngineSpec):
     server: Server = Field(
         "generic",
         description="What kind of server answers; sets the defaults of prompt_format, constraint_fields and shared_context. "
-        "generic: /completions with both constraint dialects, per agent; vllm: vLLM's OpenAI server, exact answer distributions "
-        "(start it with --logprobs-mode raw_logits --max-logprobs 128); llamacpp: llama.cpp's llama-server, exact answer distributions "
-        "and a GBNF grammar; openai: a hosted API (chat, no grammar fields).",
+        "generic: per agent, both constraint dialects; vllm: vLLM's OpenAI server, exact distributions (start it with "
+        "--logprobs-mode raw_logits --max-logprobs 128); llamacpp: llama.cpp's llama-server, exact; openai: a hosted API (chat).",
     )
     prompt_format: PromptFormat | None = Field(
         None,

@@ -152,6 +152,8 @@ def vllm_server(vllm_engine, tmp_path_factory):
 SHARED = {
     "quickstart": ("tests/engines/test_llamacpp.py", "tests/flows/test_plan.py", "tests/reports/test_report.py",
                    "tests/flows/test_experiments_configs.py", "tests/test_doc_commands.py", "tests/reports/test_llm_pools.py"),
+    # Both start a stack's runner; test_warm_stack edits a module's time stamp, which ends any runner alive.
+    "warm": ("tests/flows/test_warm_stack.py", "tests/benchmarks/test_warm_start_smoke.py"),
     "vllm": ("tests/engines/test_vllm.py", "tests/engines/test_vllm_chat.py", "tests/benchmarks/test_vllm_throughput_smoke.py",
              "tests/engines/test_openai_vllm.py", "tests/engines/test_openai_hosted.py", "tests/flows/test_paper_served.py",
              "tests/benchmarks/test_served_smoke.py"),
@@ -170,7 +172,7 @@ WEIGHTS = {
     "tests/flows/test_temporary_api.py": 66, "tests/benchmarks/test_chaos_smoke.py": 62, "tests/engines/test_llamacpp_batch.py": 60,
     "tests/tasks/test_personas.py": 60, "tests/reliability/test_disk_full.py": 59, "tests/reliability/test_engine_faults.py": 58,
     "tests/engines/test_prompt_formats.py": 58, "tests/benchmarks/test_cold_start_smoke.py": 44,
-    "tests/benchmarks/test_shard_size_smoke.py": 180, "tests/flows/test_warm_stack.py": 100, "tests/benchmarks/test_warm_start_smoke.py": 87,
+    "tests/benchmarks/test_shard_size_smoke.py": 180, "warm": 190,
     "tests/benchmarks/test_cli_start_smoke.py": 75, "tests/cli/test_starts.py": 75, "tests/flows/test_shard_resume.py": 60,
     "tests/keynes/test_notebook.py": 50,
     "tests/engines/test_openai_llamacpp.py": 400,

@@ -92,14 +92,11 @@ def served_report(spec: OpenAISpec) -> str | None:
     """A digest of what the server reports of the served model (its ``/models`` entry, less
     ``VOLATILE``), or None when it does not answer, refuses the key or does not serve the model."""
     try:
-        models = httpx.get(f"{spec.base_url.rstrip('/')}/models", headers=auth_headers(spec),
-                           timeout=min(spec.timeout_s, 10.0))
-        entries = {m.get("id"): m for m in models.json().get("data", [])} if models.status_code == 200 else {}
+        with httpx.Client(headers=auth_headers(spec), timeout=min(spec.timeout_s, 10.0)) as client:
+            model = check_endpoint(client, spec)
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
-    if spec.model not in entries:
-        return None
-    entry = {k: v for k, v in entries[spec.model].items() if k not in VOLATILE}
+    entry = {k: v for k, v in model.items() if k not in VOLATILE}
     return "sha256:" + hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()
 
 
